@@ -1,0 +1,61 @@
+"""Cyclone: durable jobs and static DAG workflows with PostgreSQL as the only dependency.
+
+The public API (python-api.md): kinds (:func:`step`, :func:`action`), the
+:class:`Client` (asyncio) and :class:`SyncClient`, the handler :class:`Context`, the
+records :class:`Run`, :class:`Step` and :class:`Enqueued`, :func:`migrate`, and the
+exceptions of :mod:`cyclone.errors`.
+"""
+
+from cyclone.client import Client, WakeupTracker
+from cyclone.context import Context
+from cyclone.errors import (
+    ConfigurationError,
+    CycloneError,
+    Discard,
+    LeaseLost,
+    NotFoundError,
+    PoolTooSmallError,
+    StateError,
+    StepInterrupted,
+    ValidationError,
+    WaitTimeout,
+    WorkflowError,
+)
+from cyclone.handlers import Handler, action, step
+from cyclone.migrate import migrate, migrate_async
+from cyclone.records import Enqueued, Run, Step
+from cyclone.retry import RetryPolicy
+from cyclone.states import RunState, StepState
+from cyclone.sync_client import SyncClient
+
+__all__ = [
+    "Client",
+    "ConfigurationError",
+    "Context",
+    "CycloneError",
+    "Discard",
+    "Enqueued",
+    "Handler",
+    "LeaseLost",
+    "NotFoundError",
+    "PoolTooSmallError",
+    "RetryPolicy",
+    "Run",
+    "RunState",
+    "StateError",
+    "Step",
+    "StepInterrupted",
+    "StepState",
+    "SyncClient",
+    "ValidationError",
+    "WaitTimeout",
+    "WakeupTracker",
+    "WorkflowError",
+    "__version__",
+    "action",
+    "migrate",
+    "migrate_async",
+    "step",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,693 @@
+"""``Client`` (asyncio): producer and inspection calls, and the engine when started.
+
+python-api.md, Client. A client built with handlers runs workers when started
+(``async with client:``): one claim loop per queue, the recovery sweep and the LISTEN
+connection. A client with no handlers never claims or scans; it only enqueues and
+inspects. Connections (decisions.md, Connections and pools):
+
+* the engine pool, ``ENGINE_RESERVE - 1`` autocommit connections for claims,
+  heartbeats, completions without a completion transaction, the sweep, wakeups, and the
+  producer and inspection calls when no pool is passed in;
+* one LISTEN connection;
+* the handler pools for completion transactions, ``max_connections - 6`` in all, of which
+  ``tx_slots`` may be in a transaction at once. The engine's six are never lent to them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Self
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from cyclone.completion import TxSlots
+from cyclone.connections import engine_conninfo
+from cyclone.dbio import (
+    Stmt,
+    batch_async,
+    fetch_async,
+    fetch_dicts_async,
+    run_plan_async,
+)
+from cyclone.errors import (
+    NotFoundError,
+    PoolTooSmallError,
+    StateError,
+    ValidationError,
+    WaitTimeout,
+)
+from cyclone.handlers import Handler
+from cyclone.migrate import migrate_async
+from cyclone.notify import Listener, Publisher
+from cyclone.options import Duration, check_int, check_queue, seconds
+from cyclone.producer import (
+    EnqueueRequest,
+    KindTarget,
+    enqueue_many_stmt,
+    enqueue_plan,
+    enqueued_from_rows,
+)
+from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
+from cyclone.scanners.sweep import Sweeper
+from cyclone.sql import Q
+from cyclone.states import RunState
+from cyclone.worker import Worker, WorkerSettings
+
+__all__ = ["ENGINE_RESERVE", "Client", "ClientConfig", "WakeupTracker"]
+
+log = logging.getLogger("cyclone.client")
+
+ENGINE_RESERVE = 6
+"""Connections kept for the engine: 5 in the engine pool and the LISTEN connection."""
+DEFAULT_SLOTS = 10
+"""Worker slots of each queue of the registered kinds when ``queues`` is not given."""
+
+
+class WakeupTracker:
+    """Queues that received work in a caller's transaction, to announce after commit.
+
+    Returned by ``track_wakeups(conn)``; every ``enqueue_tx`` on that connection records
+    its queue here. After the caller commits, ``publish_wakeups(tracker)`` sends them.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(self) -> None:
+        self.queues: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<cyclone.WakeupTracker queues={sorted(self.queues)}>"
+
+
+class ClientConfig:
+    """The validated, shared configuration of ``Client`` and ``SyncClient``.
+
+    Holds the registry of kinds (for their default options), the default retention,
+    the schema, and the tracking of caller transactions. Pure: no I/O.
+    """
+
+    def __init__(
+        self,
+        *,
+        handlers: Iterable[Handler],
+        schema: str,
+        retention: Duration | None,
+        notify: bool,
+    ) -> None:
+        registry: dict[str, Handler] = {}
+        for handler in handlers:
+            if not isinstance(handler, Handler):
+                raise ValidationError(
+                    f"handlers must be kinds made with @cyclone.step or @cyclone.action, "
+                    f"got {handler!r}"
+                )
+            if handler.kind in registry and registry[handler.kind] is not handler:
+                raise ValidationError(f"kind {handler.kind!r} is registered twice")
+            registry[handler.kind] = handler
+        self.handlers = registry
+        self.schema = schema
+        self.retention = seconds(retention, "retention", allow_zero=True)
+        if not isinstance(notify, bool):
+            raise ValidationError(f"notify must be True or False, got {notify!r}")
+        self.notify = notify
+        self.trackers: weakref.WeakKeyDictionary[Any, WakeupTracker] = weakref.WeakKeyDictionary()
+
+    def request(
+        self, target: KindTarget, input: Any = None, *, many: bool = False, **options: Any
+    ) -> EnqueueRequest:
+        """Validate one enqueue (or many, with ``many=True``)."""
+        return EnqueueRequest.build(
+            target,
+            input,
+            registry=self.handlers,
+            default_retention=self.retention,
+            many=many,
+            **options,
+        )
+
+    def check_tx_conn(self, conn: Any, expected: type[Any]) -> None:
+        """Refuse a connection a ``*_tx`` call cannot join; record nothing.
+
+        Raises:
+            ValidationError: not a ``expected`` connection, closed, in autocommit mode,
+                or in a failed transaction.
+        """
+        if not isinstance(conn, expected):
+            raise ValidationError(
+                f"expected a {expected.__module__}.{expected.__qualname__} inside a transaction, "
+                f"got {conn!r}"
+            )
+        if conn.closed:
+            raise ValidationError(f"connection {conn!r} is closed")
+        if conn.autocommit:
+            raise ValidationError(
+                f"connection {conn!r} is in autocommit mode; *_tx calls join a transaction"
+            )
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            raise ValidationError(f"connection {conn!r} is in a failed transaction")
+
+    def track(self, conn: Any, queues: Iterable[str]) -> None:
+        """Record queues for the tracker of ``conn``, if it is tracked."""
+        tracker = self.trackers.get(conn)
+        if tracker is not None:
+            tracker.queues.update(queues)
+
+
+def _owner_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Client:
+    """The asyncio client: producer and inspection calls; workers when started.
+
+    Args:
+        conninfo: a libpq connection string or URL, or a ``psycopg_pool.AsyncConnectionPool``
+            (which then serves producer and inspection calls only; the engine always
+            opens its own connections from the pool's conninfo).
+        handlers: the kinds this client registers; a worker claims only these kinds.
+        queues: queue name -> worker slots. Default: each queue of the registered kinds
+            with 10 slots.
+        lease_ttl: lease length (``timedelta`` or seconds, default 30): the time to detect a
+            crashed worker. Heartbeats renew it every ``lease_ttl / 3``.
+        poll_interval: seconds between polls when no wakeup comes (default 1).
+        notify: LISTEN for wakeups (default True). False: poll only; still publishes.
+        notify_coalesce: seconds to gather more wakeups before each NOTIFY (default 0:
+            only requests that arrive while a NOTIFY is in flight are folded).
+        max_reclaims: reclaims a step may take before it is discarded with
+            ``reclaim_limit`` (default 5).
+        tx_slots: completion transactions open at once (default: the total of slots).
+        max_connections: connections this client may open (default ``tx_slots + 6``).
+        schema: the Postgres schema Cyclone lives in (default ``public``).
+        retention: default time a finished run is kept (default 7 days; ``None``: forever).
+        shutdown_grace: seconds running handlers get to finish at stop (default 30).
+        sweep_interval: seconds between recovery sweeps (default ``lease_ttl / 3``,
+            at most 10).
+        claim_batch: most steps one claim statement takes (default 10).
+
+    Raises:
+        ValidationError: a bad option.
+        PoolTooSmallError: ``max_connections < tx_slots + 6``.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(
+        self,
+        conninfo: str | AsyncConnectionPool[Any],
+        *,
+        handlers: Iterable[Handler] = (),
+        queues: Mapping[str, int] | None = None,
+        lease_ttl: Duration = 30.0,
+        poll_interval: Duration = 1.0,
+        notify: bool = True,
+        notify_coalesce: Duration = 0.0,
+        max_reclaims: int = 5,
+        tx_slots: int | None = None,
+        max_connections: int | None = None,
+        schema: str = "public",
+        retention: Duration | None = timedelta(days=7),
+        shutdown_grace: Duration = 30.0,
+        sweep_interval: Duration | None = None,
+        claim_batch: int = 10,
+    ) -> None:
+        self.config = ClientConfig(
+            handlers=handlers, schema=schema, retention=retention, notify=notify
+        )
+        if isinstance(conninfo, AsyncConnectionPool):
+            self._user_pool: AsyncConnectionPool[Any] | None = conninfo
+            base = conninfo.conninfo
+            if not isinstance(base, str):
+                raise ValidationError("a pool passed to Client needs a conninfo string")
+        elif isinstance(conninfo, str):
+            self._user_pool = None
+            base = conninfo
+        else:
+            raise ValidationError(
+                f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
+            )
+        self._conninfo = base
+        self._engine_conninfo = engine_conninfo(base, schema=schema, application_name="cyclone")
+        self.lease_ttl = seconds(lease_ttl, "lease_ttl") or 30.0
+        self.poll_interval = seconds(poll_interval, "poll_interval") or 1.0
+        self.notify_coalesce = seconds(notify_coalesce, "notify_coalesce", allow_zero=True) or 0.0
+        self.max_reclaims = check_int(max_reclaims, "max_reclaims", 0)
+        self.shutdown_grace = seconds(shutdown_grace, "shutdown_grace", allow_zero=True) or 0.0
+        self.claim_batch = check_int(claim_batch, "claim_batch", 1, 1000)
+        default_sweep = min(self.lease_ttl / 3, 10.0)
+        self.sweep_interval = seconds(sweep_interval, "sweep_interval") or default_sweep
+        self.owner = _owner_id()
+
+        handler_list = list(self.config.handlers.values())
+        if queues is None:
+            queues = {h.options.queue: DEFAULT_SLOTS for h in handler_list}
+        if not isinstance(queues, Mapping):
+            raise ValidationError(f"queues must map queue names to slots, got {queues!r}")
+        self.queues = {
+            check_queue(q): check_int(n, f"slots of queue {q!r}", 1, 10_000)
+            for q, n in queues.items()
+        }
+        workers = sum(self.queues.values()) if handler_list else 0
+        self.tx_slots = (
+            check_int(tx_slots, "tx_slots", 1) if tx_slots is not None else max(1, workers)
+        )
+        budget = self.tx_slots + ENGINE_RESERVE
+        self.max_connections = (
+            check_int(max_connections, "max_connections", 1)
+            if max_connections is not None
+            else budget
+        )
+        if self.max_connections < budget:
+            raise PoolTooSmallError(
+                f"max_connections={self.max_connections} is below "
+                f"tx_slots + {ENGINE_RESERVE} = {budget}"
+            )
+        handler_budget = self.max_connections - ENGINE_RESERVE
+        n_sync = sum(1 for h in handler_list if not h.is_async)
+        n_async = len(handler_list) - n_sync
+        if n_sync and n_async:
+            sync_size = max(1, round(handler_budget * n_sync / len(handler_list)))
+            sync_size = min(sync_size, handler_budget - 1) if handler_budget > 1 else 1
+            self._pool_sizes = (max(1, handler_budget - sync_size), sync_size)
+        else:
+            self._pool_sizes = (handler_budget if n_async else 0, handler_budget if n_sync else 0)
+
+        self._engine_pool = AsyncConnectionPool(
+            self._engine_conninfo,
+            min_size=1,
+            max_size=ENGINE_RESERVE - 1,
+            kwargs={"autocommit": True},
+            open=False,
+            name="cyclone-engine",
+        )
+        self._async_tx_pool: AsyncConnectionPool[Any] | None = None
+        self._sync_tx_pool: ConnectionPool[Any] | None = None
+        self._publisher: Publisher | None = None
+        self._listener: Listener | None = None
+        self._worker: Worker | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._waiters: dict[int, set[asyncio.Event]] = {}
+        self._opened = False
+        self._started = False
+        self._open_lock: asyncio.Lock | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        """The registered kinds by name."""
+        return self.config.handlers
+
+    async def migrate(self) -> list[int]:
+        """Apply missing migrations to this client's database and schema.
+
+        See :func:`cyclone.migrate`; returns the versions applied.
+        """
+        return await migrate_async(self._conninfo, schema=self.config.schema)
+
+    async def _open(self) -> None:
+        if self._opened:
+            return
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._opened:
+                return
+            await self._engine_pool.open(wait=True)
+            self._publisher = Publisher(self._engine_pool, coalesce=self.notify_coalesce)
+            self._publisher.start()
+            self._opened = True
+
+    async def start(self) -> None:
+        """Open connections; with handlers, start workers, the sweep and the listener."""
+        if self._started:
+            return
+        await self._open()
+        self._started = True
+        if not self.config.handlers:
+            return
+        loop = asyncio.get_running_loop()
+        async_size, sync_size = self._pool_sizes
+        if async_size:
+            self._async_tx_pool = AsyncConnectionPool(
+                self._engine_conninfo,
+                min_size=0,
+                max_size=async_size,
+                open=False,
+                name="cyclone-tx",
+            )
+            await self._async_tx_pool.open()
+        if sync_size:
+            self._sync_tx_pool = ConnectionPool(
+                self._engine_conninfo,
+                min_size=0,
+                max_size=sync_size,
+                open=False,
+                name="cyclone-tx-sync",
+            )
+            await asyncio.to_thread(self._sync_tx_pool.open)
+        assert self._publisher is not None
+        self._worker = Worker(
+            WorkerSettings(
+                owner=self.owner,
+                queues=self.queues,
+                lease_ttl=self.lease_ttl,
+                poll_interval=self.poll_interval,
+                claim_batch=self.claim_batch,
+                shutdown_grace=self.shutdown_grace,
+            ),
+            handlers=self.config.handlers,
+            pool=self._engine_pool,
+            slots=TxSlots(self.tx_slots, loop),
+            tx_pools=(self._async_tx_pool, self._sync_tx_pool),
+            publisher=self._publisher,
+            build_request=self.config.request,
+        )
+        self._ensure_listener()
+        self._worker.start()
+        sweeper = Sweeper(
+            self._engine_pool,
+            self._publisher,
+            interval=self.sweep_interval,
+            max_reclaims=self.max_reclaims,
+        )
+        self.sweeper = sweeper
+        self._background.append(asyncio.create_task(sweeper.run(), name="cyclone-sweep"))
+        log.info(
+            "client %s started: kinds %s, queues %s",
+            self.owner,
+            sorted(self.config.handlers),
+            self.queues,
+        )
+
+    def _ensure_listener(self) -> None:
+        if self._listener is None and self.config.notify:
+            self._listener = Listener(
+                self._engine_conninfo,
+                on_available=self._on_available,
+                on_run_done=self._on_run_done,
+                on_connect=self._on_listen_connect,
+            )
+            self._listener.start()
+
+    async def stop(self) -> None:
+        """Stop gracefully: workers drain (see ``shutdown_grace``), then connections close."""
+        if self._worker is not None:
+            await self._worker.stop()
+            self._worker = None
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._background.clear()
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        if self._publisher is not None:
+            await self._publisher.close()
+            self._publisher = None
+        if self._async_tx_pool is not None:
+            await self._async_tx_pool.close()
+            self._async_tx_pool = None
+        if self._sync_tx_pool is not None:
+            await asyncio.to_thread(self._sync_tx_pool.close)
+            self._sync_tx_pool = None
+        if self._opened:
+            await self._engine_pool.close()
+        self._opened = False
+        self._started = False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def listening(self) -> bool:
+        """True while the LISTEN connection is up."""
+        return self._listener is not None and self._listener.connected.is_set()
+
+    @property
+    def worker(self) -> Worker | None:
+        """The running worker, if started with handlers."""
+        return self._worker
+
+    # -- wakeups -------------------------------------------------------------------
+
+    def _on_available(self, queue: str | None) -> None:
+        if self._worker is not None:
+            self._worker.wake(queue)
+
+    def _on_run_done(self, run_ids: list[int]) -> None:
+        for run_id in run_ids:
+            for event in self._waiters.get(run_id, ()):
+                event.set()
+
+    def _on_listen_connect(self) -> None:
+        self._on_available(None)
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    def track_wakeups(self, conn: psycopg.AsyncConnection[Any]) -> WakeupTracker:
+        """Record the queues of work written by ``*_tx`` calls on ``conn``.
+
+        After the caller commits, pass the tracker to :meth:`publish_wakeups` so that
+        idle workers wake at once instead of at their next poll.
+        """
+        tracker = self.config.trackers.get(conn)
+        if tracker is None:
+            tracker = self.config.trackers[conn] = WakeupTracker()
+        return tracker
+
+    async def publish_wakeups(self, tracker: WakeupTracker) -> None:
+        """Send the wakeups a tracker recorded (call after the caller's commit)."""
+        await self._open()
+        assert self._publisher is not None
+        queues, tracker.queues = set(tracker.queues), set()
+        self._publisher.available(queues)
+        await self._publisher.flush()
+
+    # -- producers -----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        await self._open()
+        pool = self._user_pool or self._engine_pool
+        async with pool.connection() as conn:
+            yield conn
+
+    async def enqueue(self, kind: KindTarget, input: Any = None, **options: Any) -> Enqueued:
+        """Enqueue a standalone run of one step, in its own transaction.
+
+        Args:
+            kind: the handler or the kind's name (a producer need not import handlers).
+            input: the step's input, a JSON value (or a dataclass / pydantic model).
+            **options: ``queue``, ``priority``, ``scheduled_at`` (aware datetime, or a
+                ``timedelta`` from the database's now()), ``max_attempts``, ``timeout``,
+                ``unique_key``, ``sequence_key``, ``retention``.
+
+        Returns:
+            An :class:`Enqueued`; ``duplicate=True`` when a live step of the kind
+            already holds ``unique_key`` (its run is returned, nothing is written).
+
+        Raises:
+            ValidationError: a bad kind, input or option; nothing is written.
+        """
+        request = self.config.request(kind, input, **options)
+        async with self._connection() as conn:
+            result = await run_plan_async(conn, enqueue_plan(request))
+        if not result.duplicate:
+            assert self._publisher is not None
+            self._publisher.available((request.queue,))
+        return result
+
+    async def enqueue_tx(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        kind: KindTarget,
+        input: Any = None,
+        **options: Any,
+    ) -> Enqueued:
+        """:meth:`enqueue` inside the caller's transaction on ``conn``.
+
+        The run exists once the caller commits and is gone if it rolls back. No wakeup
+        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`).
+
+        Raises:
+            ValidationError: a bad value, or ``conn`` is not an ``AsyncConnection`` in a
+                transaction (autocommit, closed or failed).
+        """
+        request = self.config.request(kind, input, **options)
+        self.config.check_tx_conn(conn, psycopg.AsyncConnection)
+        result = await run_plan_async(conn, enqueue_plan(request))
+        self.config.track(conn, (request.queue,))
+        return result
+
+    async def enqueue_many(
+        self, kind: KindTarget, inputs: Sequence[Any], **options: Any
+    ) -> list[Enqueued]:
+        """Enqueue one standalone run per input, with shared options, in one statement.
+
+        Takes the options of :meth:`enqueue` except ``unique_key``. Returns the handles
+        in input order.
+        """
+        request = self.config.request(kind, inputs, many=True, **options)
+        if not inputs:
+            return []
+        async with self._connection() as conn:
+            rows = await fetch_async(conn, enqueue_many_stmt(request))
+        assert self._publisher is not None
+        self._publisher.available((request.queue,))
+        return enqueued_from_rows(rows)
+
+    async def enqueue_many_tx(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        kind: KindTarget,
+        inputs: Sequence[Any],
+        **options: Any,
+    ) -> list[Enqueued]:
+        """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
+        request = self.config.request(kind, inputs, many=True, **options)
+        self.config.check_tx_conn(conn, psycopg.AsyncConnection)
+        if not inputs:
+            return []
+        rows = await fetch_async(conn, enqueue_many_stmt(request))
+        self.config.track(conn, (request.queue,))
+        return enqueued_from_rows(rows)
+
+    # -- inspection and control ----------------------------------------------------
+
+    async def get_run(self, run: RunRef) -> Run:
+        """The run with its result and error.
+
+        Raises:
+            NotFoundError: no run has that id.
+        """
+        run_id = run_id_of(run)
+        async with self._connection() as conn:
+            rows = await fetch_dicts_async(conn, Stmt(Q.runs_get, {"run_id": run_id}))
+        if not rows:
+            raise NotFoundError(f"run {run_id} does not exist")
+        return Run.from_row(rows[0])
+
+    async def list_runs(
+        self,
+        state: RunState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[Run]:
+        """Runs, newest first; ``before`` pages below a run id.
+
+        Raises:
+            ValidationError: an unknown state or a bad limit.
+        """
+        params = _list_params(state, workflow, limit, before)
+        async with self._connection() as conn:
+            rows = await fetch_dicts_async(conn, Stmt(Q.runs_list, params))
+        return [Run.from_row(row) for row in rows]
+
+    async def list_steps(self, run: RunRef) -> list[Step]:
+        """Every step of a run, in insertion order (empty for an unknown run)."""
+        run_id = run_id_of(run)
+        async with self._connection() as conn:
+            rows = await fetch_dicts_async(conn, Stmt(Q.steps_list, {"run_id": run_id}))
+        return [Step.from_row(row) for row in rows]
+
+    async def cancel(self, run: RunRef) -> None:
+        """Cancel a running or paused run and its active steps.
+
+        A step still in its handler learns it at its next heartbeat; its completion is
+        then ignored.
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is already completed, failed or cancelled.
+        """
+        run_id = run_id_of(run)
+        await self._open()
+        async with self._engine_pool.connection() as conn:
+            rows = await batch_async(conn, _cancel_stmts(run_id), transaction=True)
+        if not rows[-1]:
+            current = await self.get_run(run_id)
+            raise StateError(f"run {run_id} is already {current.state.value}")
+        assert self._publisher is not None
+        self._publisher.run_done((run_id,))
+
+    async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
+        """Block until the run is terminal; the terminal :class:`Run`.
+
+        Wakes on ``cyclone_run_done`` when LISTEN is available, and polls every
+        ``poll_interval`` in any case.
+
+        Raises:
+            NotFoundError: no run has that id.
+            WaitTimeout: not terminal within ``timeout`` seconds.
+        """
+        run_id = run_id_of(run)
+        limit = seconds(timeout, "timeout", allow_zero=True)
+        await self._open()
+        self._ensure_listener()
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        event = asyncio.Event()
+        self._waiters.setdefault(run_id, set()).add(event)
+        try:
+            while True:
+                event.clear()
+                current = await self.get_run(run_id)
+                if current.terminal:
+                    return current
+                pause = self.poll_interval
+                if deadline is not None:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise WaitTimeout(
+                            f"run {run_id} is still {current.state.value} after {limit} s"
+                        )
+                    pause = min(pause, remaining)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        await event.wait()
+        finally:
+            events = self._waiters.get(run_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[run_id]
+
+
+def _cancel_stmts(run_id: int) -> list[Stmt]:
+    return [Stmt(Q.runs_lock, {"ids": [run_id]}), Stmt(Q.runs_cancel, {"run_id": run_id})]
+
+
+def _list_params(
+    state: RunState | str | None, workflow: str | None, limit: int, before: int | None
+) -> dict[str, Any]:
+    if state is not None:
+        try:
+            state = RunState(state).value
+        except ValueError:
+            raise ValidationError(
+                f"state must be one of {[s.value for s in RunState]}, got {state!r}"
+            ) from None
+    check_int(limit, "limit", 1, 100_000)
+    if before is not None:
+        check_int(before, "before", 1, 2**63 - 1)
+    if workflow is not None and not isinstance(workflow, str):
+        raise ValidationError(f"workflow must be a string, got {workflow!r}")
+    return {"state": state, "workflow": workflow, "limit": limit, "before_id": before}

@@ -1,0 +1,162 @@
+"""The completion transaction of a step, and the slots that bound how many are open.
+
+engine-design, ctx.CompletionTx(): a handler's business writes on
+``ctx.completion_tx()`` commit in the same transaction as the step's completion, or not
+at all. The transaction opens on first use, on a connection from the client's own
+handler pool (async for ``async def`` handlers, sync for plain ``def`` handlers), after
+taking one of ``tx_slots`` slots; it is committed or rolled back by the worker when the
+handler returns. The engine's reserve of connections is never lent to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from cyclone.errors import ConfigurationError
+
+__all__ = ["CompletionTx", "TxSlots"]
+
+
+class TxSlots:
+    """A counting semaphore shared by handler threads and the event loop.
+
+    ``tx_slots`` bounds the completion transactions open at once across sync and
+    async handlers (decisions.md, Connections and pools).
+    """
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.size = size
+        self._free = size
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def free(self) -> int:
+        """Slots not taken right now."""
+        return self._free
+
+    def acquire_sync(self) -> None:
+        """Take a slot, blocking the calling (handler) thread until one is free."""
+        with self._freed:
+            while self._free == 0:
+                self._freed.wait()
+            self._free -= 1
+
+    async def acquire_async(self) -> None:
+        """Take a slot, waiting on the event loop until one is free."""
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                    raise
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # granted just as we were cancelled: give it back
+            raise
+
+    def release(self) -> None:
+        """Give a slot back, from any thread."""
+        with self._freed:
+            self._free += 1
+            self._freed.notify()
+            waiting = bool(self._waiters)
+        if waiting:
+            self._loop.call_soon_threadsafe(self._grant)
+
+    def _grant(self) -> None:
+        with self._lock:
+            while self._free > 0 and self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    self._free -= 1
+                    waiter.set_result(None)
+
+
+class CompletionTx:
+    """The completion transaction of one step; opened at most once, on first use."""
+
+    def __init__(
+        self,
+        slots: TxSlots,
+        async_pool: AsyncConnectionPool[Any] | None,
+        sync_pool: ConnectionPool[Any] | None,
+    ) -> None:
+        self._slots = slots
+        self._async_pool = async_pool
+        self._sync_pool = sync_pool
+        self.async_conn: psycopg.AsyncConnection[Any] | None = None
+        self.sync_conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def opened(self) -> bool:
+        """True once the handler asked for the transaction."""
+        return self.async_conn is not None or self.sync_conn is not None
+
+    async def open_async(self) -> psycopg.AsyncConnection[Any]:
+        """The transaction's connection for an async handler (opened on first call)."""
+        if self.async_conn is None:
+            if self._async_pool is None:
+                raise ConfigurationError("completion_tx() from an async handler needs its pool")
+            await self._slots.acquire_async()
+            try:
+                self.async_conn = await self._async_pool.getconn()
+            except BaseException:
+                self._slots.release()
+                raise
+        return self.async_conn
+
+    def open_sync(self) -> psycopg.Connection[Any]:
+        """The transaction's connection for a sync handler (opened on first call)."""
+        if self.sync_conn is None:
+            if self._sync_pool is None:
+                raise ConfigurationError("completion_tx() from a sync handler needs its pool")
+            self._slots.acquire_sync()
+            try:
+                self.sync_conn = self._sync_pool.getconn()
+            except BaseException:
+                self._slots.release()
+                raise
+        return self.sync_conn
+
+    async def close_async(self, *, commit: bool) -> None:
+        """Commit or roll back, return the connection and the slot."""
+        conn, self.async_conn = self.async_conn, None
+        if conn is None or self._async_pool is None:
+            return
+        try:
+            if commit:
+                await conn.commit()
+            else:
+                await conn.rollback()
+        finally:
+            await self._async_pool.putconn(conn)
+            self._slots.release()
+
+    def close_sync(self, *, commit: bool) -> None:
+        """Commit or roll back, return the connection and the slot."""
+        conn, self.sync_conn = self.sync_conn, None
+        if conn is None or self._sync_pool is None:
+            return
+        try:
+            if commit:
+                conn.commit()
+            else:
+                conn.rollback()
+        finally:
+            self._sync_pool.putconn(conn)
+            self._slots.release()

@@ -1,0 +1,138 @@
+"""The ``Context`` a handler receives with its input.
+
+python-api.md, Handlers: the ids of the step being run, its attempt, the completion
+transaction, ``enqueue_completion``, and ``cancelled``, which turns true when a
+heartbeat finds that the worker no longer holds the step (it was reclaimed, cancelled,
+or passed its timeout). For an ``async def`` handler the worker also cancels the
+handler's task at that moment; a plain ``def`` handler should poll ``cancelled`` or call
+:meth:`Context.raise_if_cancelled` in long loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from cyclone.completion import CompletionTx
+from cyclone.dbio import run_plan_async, run_plan_sync
+from cyclone.errors import LeaseLost
+from cyclone.producer import EnqueueRequest, KindTarget, enqueue_plan
+from cyclone.records import Enqueued
+
+__all__ = ["Context"]
+
+
+class Context:
+    """What a handler knows about the step it runs, and its completion transaction.
+
+    Attributes:
+        run_id: id of the run (``cyclone_runs.id``).
+        step_id: id of the step (``cyclone_steps.id``).
+        node: node id within the run (the kind, for a standalone run).
+        kind: the handler's kind.
+        workflow: the run's workflow name (the kind, for a standalone run).
+        queue: the queue the step was claimed from.
+        attempt: failed executions before this one (0 on the first try).
+        max_attempts: executions allowed before the step is discarded.
+        lease_generation: the claim's fencing token.
+    """
+
+    __module__ = "cyclone"
+    __slots__ = (
+        "_build_request",
+        "_cancelled",
+        "_is_async",
+        "_tx",
+        "_wakeups",
+        "attempt",
+        "kind",
+        "lease_generation",
+        "max_attempts",
+        "node",
+        "queue",
+        "run_id",
+        "step_id",
+        "workflow",
+    )
+
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        step_id: int,
+        node: str,
+        kind: str,
+        workflow: str,
+        queue: str,
+        attempt: int,
+        max_attempts: int,
+        lease_generation: int,
+        is_async: bool,
+        tx: CompletionTx,
+        build_request: Callable[..., EnqueueRequest],
+    ) -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        self.node = node
+        self.kind = kind
+        self.workflow = workflow
+        self.queue = queue
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.lease_generation = lease_generation
+        self._is_async = is_async
+        self._tx = tx
+        self._build_request = build_request
+        self._cancelled = False
+        self._wakeups: set[str] = set()
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker no longer holds this step; its completion will be ignored."""
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`cyclone.LeaseLost` if :attr:`cancelled` is true."""
+        if self._cancelled:
+            raise LeaseLost(f"step {self.step_id} of run {self.run_id} is no longer held")
+
+    def completion_tx(self) -> Any:
+        """The connection inside this step's completion transaction.
+
+        In a plain ``def`` handler this returns a ``psycopg.Connection``; in an
+        ``async def`` handler it returns an awaitable of a ``psycopg.AsyncConnection``
+        (``tx = await ctx.completion_tx()``). The transaction is opened on the first
+        call (waiting for one of the client's ``tx_slots``) and committed by the worker
+        together with the step's completion when the handler returns; if the handler
+        raises, or the step was reclaimed meanwhile, it rolls back. Do not commit or
+        roll it back yourself.
+        """
+        if self._is_async:
+            return self._tx.open_async()
+        return self._tx.open_sync()
+
+    def enqueue_completion(self, kind: KindTarget, input: Any = None, **options: Any) -> Any:
+        """Enqueue a standalone run in this step's completion transaction.
+
+        Takes the arguments of ``Client.enqueue``. The run exists only if this step
+        completes; its wakeup is published after that commit. Returns an
+        :class:`cyclone.Enqueued` (an awaitable of one in an ``async def`` handler).
+
+        Raises:
+            ValidationError: a bad kind, input or option; nothing is written.
+        """
+        request = self._build_request(kind, input, **options)
+        self._wakeups.add(request.queue)
+        if self._is_async:
+            return self._enqueue_async(request)
+        return run_plan_sync(self._tx.open_sync(), enqueue_plan(request))
+
+    async def _enqueue_async(self, request: EnqueueRequest) -> Enqueued:
+        conn = await self._tx.open_async()
+        return await run_plan_async(conn, enqueue_plan(request))
+
+    def __repr__(self) -> str:
+        return (
+            f"<cyclone.Context run={self.run_id} step={self.step_id} node={self.node!r} "
+            f"attempt={self.attempt}>"
+        )

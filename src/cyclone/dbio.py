@@ -1,0 +1,136 @@
+"""Thin sync and async shells that run the engine's statements.
+
+The engine decides what to write in pure code: a :class:`Stmt` (a named statement of
+``cyclone/sql`` and its parameters), a list of them run as one pipelined batch, or a
+:data:`Plan`, a generator that yields statements and receives their rows, for the rare
+sequence that depends on what came back. The functions here only execute: the same
+plan runs on a ``psycopg.Connection`` or a ``psycopg.AsyncConnection``, so the sync and
+async paths cannot drift apart (style.md, Keep I/O out of the core).
+
+A batch with ``transaction=True`` is sent as ``BEGIN; ...; COMMIT`` in one pipeline
+flush on an autocommit connection: one round trip for a whole transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString, TypeVar
+
+import psycopg
+from psycopg.rows import dict_row
+
+__all__ = [
+    "Plan",
+    "Rows",
+    "Stmt",
+    "batch_async",
+    "batch_sync",
+    "fetch_async",
+    "fetch_dicts_async",
+    "fetch_dicts_sync",
+    "fetch_sync",
+    "run_plan_async",
+    "run_plan_sync",
+]
+
+T = TypeVar("T")
+Rows = list[tuple[Any, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """One statement: its SQL (from ``cyclone.sql.Q``) and named parameters."""
+
+    sql: LiteralString
+    params: Mapping[str, Any] | None = None
+
+
+Plan = Generator[Stmt, Rows, T]
+"""A sequence of statements where each may depend on the rows of the one before."""
+
+_BEGIN: LiteralString = "BEGIN"
+_COMMIT: LiteralString = "COMMIT"
+
+
+async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
+    """Run one statement; its rows as tuples (empty for a statement with no result)."""
+    cur = await conn.execute(stmt.sql, stmt.params)
+    return await cur.fetchall() if cur.description is not None else []
+
+
+def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> Rows:
+    """Run one statement; its rows as tuples (empty for a statement with no result)."""
+    cur = conn.execute(stmt.sql, stmt.params)
+    return cur.fetchall() if cur.description is not None else []
+
+
+async def fetch_dicts_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> list[dict[str, Any]]:
+    """Run one statement; its rows as dicts keyed by column name."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(stmt.sql, stmt.params)
+        return await cur.fetchall()
+
+
+def fetch_dicts_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[dict[str, Any]]:
+    """Run one statement; its rows as dicts keyed by column name."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(stmt.sql, stmt.params)
+        return cur.fetchall()
+
+
+async def batch_async(
+    conn: psycopg.AsyncConnection[Any], stmts: Sequence[Stmt], *, transaction: bool
+) -> list[Rows]:
+    """Run statements in one pipeline flush; the rows of each, in order.
+
+    With ``transaction=True`` the connection must be in autocommit mode; the batch runs
+    between ``BEGIN`` and ``COMMIT``. Without it the statements join the connection's
+    current transaction (a caller's, or a completion transaction).
+    """
+    if transaction and not conn.autocommit:
+        raise RuntimeError("a transactional batch needs an autocommit connection")
+    async with conn.pipeline():
+        if transaction:
+            await conn.execute(_BEGIN)
+        cursors = [await conn.execute(s.sql, s.params) for s in stmts]
+        if transaction:
+            await conn.execute(_COMMIT)
+    return [await c.fetchall() if c.description is not None else [] for c in cursors]
+
+
+def batch_sync(
+    conn: psycopg.Connection[Any], stmts: Sequence[Stmt], *, transaction: bool
+) -> list[Rows]:
+    """The synchronous twin of :func:`batch_async`."""
+    if transaction and not conn.autocommit:
+        raise RuntimeError("a transactional batch needs an autocommit connection")
+    with conn.pipeline():
+        if transaction:
+            conn.execute(_BEGIN)
+        cursors = [conn.execute(s.sql, s.params) for s in stmts]
+        if transaction:
+            conn.execute(_COMMIT)
+    return [c.fetchall() if c.description is not None else [] for c in cursors]
+
+
+async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
+    """Drive ``plan`` on ``conn``, one statement per round trip; its return value."""
+    try:
+        stmt = next(plan)
+        while True:
+            stmt = plan.send(await fetch_async(conn, stmt))
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+def run_plan_sync(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
+    """The synchronous twin of :func:`run_plan_async`."""
+    try:
+        stmt = next(plan)
+        while True:
+            stmt = plan.send(fetch_sync(conn, stmt))
+    except StopIteration as stop:
+        result: T = stop.value
+        return result

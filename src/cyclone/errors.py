@@ -1,0 +1,111 @@
+"""Every exception Cyclone raises, under one root.
+
+Grouped by role (``python-api.md``, Errors):
+
+* bad input or configuration: :class:`ValidationError`, :class:`WorkflowError`,
+  :class:`PoolTooSmallError` (all :class:`ConfigurationError` or ``ValueError``);
+* lookups: :class:`NotFoundError`;
+* state conflicts: :class:`StateError`;
+* waiting: :class:`WaitTimeout`;
+* raised by handlers to steer the engine: :class:`Discard`;
+* interrupts delivered into handler code, derived from ``BaseException`` so that a
+  broad ``except Exception`` in user code does not swallow them:
+  :class:`StepInterrupted` and its subclasses.
+
+A rejected call writes nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "CycloneError",
+    "Discard",
+    "LeaseLost",
+    "NotFoundError",
+    "PoolTooSmallError",
+    "StateError",
+    "StepInterrupted",
+    "ValidationError",
+    "WaitTimeout",
+    "WorkflowError",
+]
+
+
+class CycloneError(Exception):
+    """Root of every exception Cyclone raises on purpose."""
+
+    __module__ = "cyclone"
+
+
+class ValidationError(CycloneError, ValueError):
+    """A value given to Cyclone is not acceptable; the message names it.
+
+    Raised before anything is written: a queue name over 256 bytes, input that is not
+    JSON, a string holding NUL, an empty kind, ``max_attempts < 1``, a negative
+    timeout, a naive datetime, an autocommit or closed connection in a ``*_tx`` call.
+    """
+
+    __module__ = "cyclone"
+
+
+class ConfigurationError(CycloneError):
+    """A client or handler is configured in a way that cannot work."""
+
+    __module__ = "cyclone"
+
+
+class PoolTooSmallError(ConfigurationError):
+    """The connection budget is below ``tx_slots + 6`` (engine-design, Pool Budget)."""
+
+    __module__ = "cyclone"
+
+
+class WorkflowError(ValidationError):
+    """A workflow definition is invalid (duplicate node, cycle, unknown kind, ...)."""
+
+    __module__ = "cyclone"
+
+
+class NotFoundError(CycloneError, LookupError):
+    """No run (or step, or schedule) has the given id."""
+
+    __module__ = "cyclone"
+
+
+class StateError(CycloneError):
+    """The operation is not allowed in the current state of the run."""
+
+    __module__ = "cyclone"
+
+
+class WaitTimeout(CycloneError, TimeoutError):
+    """``wait`` gave up: the run was not terminal within the timeout."""
+
+    __module__ = "cyclone"
+
+
+class Discard(CycloneError):
+    """Raise from a handler to fail the step at once, without further attempts.
+
+    The step becomes ``discarded`` with ``error_kind = 'discard'`` and the message of
+    the exception as its ``error``.
+    """
+
+    __module__ = "cyclone"
+
+
+class StepInterrupted(BaseException):
+    """The worker no longer holds this step; the handler should stop.
+
+    Derived from ``BaseException`` so that ``except Exception`` in handler code does not
+    swallow it. Raised by :meth:`cyclone.Context.raise_if_cancelled`.
+    """
+
+    __module__ = "cyclone"
+
+
+class LeaseLost(StepInterrupted):
+    """A heartbeat found the lease gone: the step was reclaimed, cancelled or timed out."""
+
+    __module__ = "cyclone"

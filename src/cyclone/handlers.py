@@ -1,0 +1,194 @@
+"""Kinds: the ``@cyclone.step`` and ``@cyclone.action`` decorators.
+
+A kind is a named handler (python-api.md, Handlers). A *step* has an output, stored as
+JSON; an *action* has none. The handler is a plain ``def`` (run in a worker thread) or
+an ``async def``, called as ``handler(ctx, inp)``; raising an exception fails the
+attempt, raising :class:`cyclone.Discard` (or a class listed in ``no_retry``) discards
+the step at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cyclone.errors import ValidationError
+from cyclone.options import Duration, JobOptions, check_kind
+from cyclone.payloads import Codec, codec_for
+from cyclone.retry import DEFAULT_RETRY, RetryPolicy
+
+__all__ = ["Handler", "action", "step"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Handler:
+    """A registered kind. Calling it calls the function it wraps.
+
+    Attributes:
+        kind: the kind name stored in ``cyclone_steps.kind``.
+        fn: the function, ``fn(ctx, inp)``.
+        has_output: true for ``@step``, false for ``@action``.
+        is_async: true for an ``async def``.
+        options: the kind's default queue, priority, max_attempts, timeout, retention.
+        retry: the backoff between failed attempts.
+        no_retry: exception classes that discard the step at once.
+        codec: decodes the input and encodes the output (dataclass, pydantic, JSON).
+    """
+
+    __module__ = "cyclone"
+
+    kind: str
+    fn: Callable[..., Any]
+    has_output: bool
+    is_async: bool
+    options: JobOptions
+    retry: RetryPolicy = DEFAULT_RETRY
+    no_retry: tuple[type[BaseException], ...] = ()
+    codec: Codec = field(default_factory=lambda: codec_for(None))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        flavour = "step" if self.has_output else "action"
+        return f"<cyclone {flavour} {self.kind!r}>"
+
+
+def _input_annotation(fn: Callable[..., Any]) -> Any:
+    parameters = list(inspect.signature(fn).parameters.values())
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if len(positional) < 2 and not any(p.kind is p.VAR_POSITIONAL for p in positional):
+        raise ValidationError(
+            f"handler {getattr(fn, '__qualname__', fn)!r} must take (ctx, inp), "
+            f"it takes {[p.name for p in parameters]}"
+        )
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: pass the JSON through
+        return None
+    return hints.get(positional[1].name) if len(positional) > 1 else None
+
+
+def _make(
+    kind: str,
+    has_output: bool,
+    *,
+    queue: str,
+    priority: int,
+    max_attempts: int,
+    timeout: Duration | None,
+    retention: Duration | None,
+    retry: RetryPolicy | None,
+    no_retry: Iterable[type[BaseException]],
+) -> Callable[[Callable[..., Any]], Handler]:
+    check_kind(kind)
+    options = JobOptions.build(
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+    )
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ValidationError(f"retry must be a cyclone.RetryPolicy, got {retry!r}")
+    errors = tuple(no_retry)
+    for cls in errors:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ValidationError(f"no_retry must list exception classes, got {cls!r}")
+
+    def decorate(fn: Callable[..., Any]) -> Handler:
+        if isinstance(fn, Handler):
+            raise ValidationError(f"{fn!r} is already a kind")
+        if not callable(fn):
+            raise ValidationError(f"a kind needs a function, got {fn!r}")
+        return Handler(
+            kind=kind,
+            fn=fn,
+            has_output=has_output,
+            is_async=inspect.iscoroutinefunction(fn),
+            options=options,
+            retry=retry or DEFAULT_RETRY,
+            no_retry=errors,
+            codec=codec_for(_input_annotation(fn)),
+        )
+
+    return decorate
+
+
+def step(
+    kind: str,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int = 5,
+    timeout: Duration | None = None,
+    retention: Duration | None = None,
+    retry: RetryPolicy | None = None,
+    no_retry: Iterable[type[BaseException]] = (),
+) -> Callable[[Callable[..., Any]], Handler]:
+    """Declare a kind whose handler returns an output (a JSON value).
+
+    Args:
+        kind: the kind name (non-empty, no NUL, at most 1,024 bytes).
+        queue: default queue of its steps (at most 256 bytes).
+        priority: default priority; higher claims first.
+        max_attempts: failed executions before the step is discarded (>= 1).
+        timeout: default limit of one execution (``timedelta`` or seconds, > 0).
+        retention: how long a finished run is kept (``timedelta`` or seconds);
+            ``None`` uses the client's default.
+        retry: backoff between failed attempts.
+        no_retry: exception classes that discard the step at once, like ``Discard``.
+
+    Returns:
+        A decorator that turns ``fn(ctx, inp)`` into a :class:`Handler`.
+
+    Raises:
+        ValidationError: a bad kind name or option, or a function that does not take
+            ``(ctx, inp)``.
+    """
+    return _make(
+        kind,
+        True,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+        retry=retry,
+        no_retry=no_retry,
+    )
+
+
+def action(
+    kind: str,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    max_attempts: int = 5,
+    timeout: Duration | None = None,
+    retention: Duration | None = None,
+    retry: RetryPolicy | None = None,
+    no_retry: Iterable[type[BaseException]] = (),
+) -> Callable[[Callable[..., Any]], Handler]:
+    """Declare a kind whose handler has no output (its return value is ignored).
+
+    Takes the same arguments as :func:`step` and raises the same errors.
+    """
+    return _make(
+        kind,
+        False,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retention=retention,
+        retry=retry,
+        no_retry=no_retry,
+    )

@@ -1,0 +1,1 @@
+"""SQL migration files, applied in order by cyclone.migrate."""

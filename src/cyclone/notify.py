@@ -1,0 +1,238 @@
+"""Wakeups: publishing NOTIFY after commit, and the one LISTEN connection per client.
+
+engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
+
+* ``cyclone_available``, payload ``{"queue": "<name>"}``: work became claimable in a
+  queue. Each worker wakes only for the queues it serves.
+* ``cyclone_run_done``, payload ``{"runs": [<id>, ...]}``: runs became terminal; wakes
+  ``wait``.
+
+A notification is always sent in its own transaction after the work it announces has
+committed, never inside it. Publication is best effort: polling at ``poll_interval`` is
+the correctness floor, so a lost or failed NOTIFY delays work by one poll, never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.sql import Q
+
+__all__ = [
+    "AVAILABLE",
+    "RUN_DONE",
+    "Listener",
+    "Publisher",
+    "publish_sync",
+    "wakeup_statement",
+]
+
+log = logging.getLogger("cyclone.notify")
+
+AVAILABLE = "cyclone_available"
+RUN_DONE = "cyclone_run_done"
+_MAX_PAYLOAD = 7000  # bytes; PostgreSQL refuses payloads of 8,000 bytes and more
+_RECONNECT_CAP = 5.0  # seconds between listener reconnects, at most
+
+
+def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | None:
+    """One ``notify_publish`` statement for the given queues and finished runs.
+
+    Returns ``None`` when there is nothing to announce. Run ids are packed into as few
+    payloads as fit under the NOTIFY payload limit.
+    """
+    channels: list[str] = []
+    payloads: list[str] = []
+    for queue in sorted(set(queues)):
+        channels.append(AVAILABLE)
+        payloads.append(json.dumps({"queue": queue}, separators=(",", ":")))
+    chunk: list[int] = []
+    for run_id in sorted(set(run_ids)):
+        chunk.append(run_id)
+        if len(chunk) * 21 + 16 > _MAX_PAYLOAD:
+            channels.append(RUN_DONE)
+            payloads.append(json.dumps({"runs": chunk}, separators=(",", ":")))
+            chunk = []
+    if chunk:
+        channels.append(RUN_DONE)
+        payloads.append(json.dumps({"runs": chunk}, separators=(",", ":")))
+    if not channels:
+        return None
+    return Stmt(Q.notify_publish, {"channels": channels, "payloads": payloads})
+
+
+def publish_sync(
+    conn: psycopg.Connection[Any], queues: Iterable[str], run_ids: Iterable[int]
+) -> None:
+    """Send wakeups now on an autocommit connection (its own transaction)."""
+    stmt = wakeup_statement(queues, run_ids)
+    if stmt is not None:
+        try:
+            fetch_sync(conn, stmt)
+        except psycopg.Error as exc:
+            log.warning("wakeup not published (polling will find the work): %s", exc)
+
+
+class Publisher:
+    """Sends wakeups from a background task, folding requests that arrive together.
+
+    :meth:`available` and :meth:`run_done` never block and never fail: they record the
+    request and the task sends it. While one NOTIFY transaction is in flight, new
+    requests gather and go out together in the next one; ``coalesce`` seconds (default
+    0) adds a window to gather more before each send. A lone request is sent at once.
+    """
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, coalesce: float = 0.0) -> None:
+        self._pool = pool
+        self._coalesce = coalesce
+        self._queues: set[str] = set()
+        self._runs: set[int] = set()
+        self._pending = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start the sending task on the running loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="cyclone-publisher")
+
+    def available(self, queues: Iterable[str]) -> None:
+        """Announce that work became claimable in ``queues``."""
+        self._queues.update(queues)
+        self._kick()
+
+    def run_done(self, run_ids: Iterable[int]) -> None:
+        """Announce that runs became terminal."""
+        self._runs.update(run_ids)
+        self._kick()
+
+    def _kick(self) -> None:
+        if self._queues or self._runs:
+            self._idle.clear()
+            self._pending.set()
+
+    async def flush(self) -> None:
+        """Wait until every request made so far has been sent (or given up)."""
+        if self._task is None:
+            await self._send_pending()
+            return
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        """Send what is pending and stop the task."""
+        if self._task is not None:
+            await self.flush()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._pending.wait()
+            if self._coalesce > 0:
+                await asyncio.sleep(self._coalesce)
+            self._pending.clear()
+            await self._send_pending()
+            if not self._pending.is_set():
+                self._idle.set()
+
+    async def _send_pending(self) -> None:
+        queues, self._queues = self._queues, set()
+        runs, self._runs = self._runs, set()
+        stmt = wakeup_statement(queues, runs)
+        if stmt is None:
+            return
+        try:
+            async with self._pool.connection() as conn:
+                await fetch_async(conn, stmt)
+        except Exception as exc:  # best effort: polling finds the work
+            log.warning("wakeup not published (polling will find the work): %s", exc)
+
+
+class Listener:
+    """The client's one LISTEN connection, reconnected with capped backoff.
+
+    Calls ``on_available(queue)`` for each ``cyclone_available`` notification,
+    ``on_run_done(run_ids)`` for each ``cyclone_run_done`` one, and ``on_connect()``
+    after every (re)connection, since notifications sent while it was away are lost
+    (the callers poll once). ``connected`` is set while LISTEN is active.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        on_available: Callable[[str | None], None],
+        on_run_done: Callable[[list[int]], None],
+        on_connect: Callable[[], None],
+    ) -> None:
+        self._conninfo = conninfo
+        self._on_available = on_available
+        self._on_run_done = on_run_done
+        self._on_connect = on_connect
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+        self.failures = 0
+
+    def start(self) -> None:
+        """Start listening in a background task."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="cyclone-listener")
+
+    async def close(self) -> None:
+        """Stop listening and close the connection."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("LISTEN connection lost (polling carries on): %s", exc)
+            self.connected.clear()
+            self.failures += 1
+            await asyncio.sleep(min(_RECONNECT_CAP, 0.05 * 2 ** min(self.failures, 10)))
+
+    async def _listen(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        try:
+            await conn.execute(Q.notify_listen)
+            await conn.execute(Q.notify_listen_done)
+            self.connected.set()
+            self.failures = 0
+            self._on_connect()
+            async for note in conn.notifies():
+                self._dispatch(note.channel, note.payload)
+        finally:
+            self.connected.clear()
+            await conn.close()
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            data = None
+        if channel == AVAILABLE:
+            queue = data.get("queue") if isinstance(data, dict) else None
+            self._on_available(queue if isinstance(queue, str) else None)
+        elif channel == RUN_DONE:
+            runs = data.get("runs") if isinstance(data, dict) else None
+            if isinstance(runs, list):
+                self._on_run_done([r for r in runs if isinstance(r, int)])

@@ -1,0 +1,117 @@
+"""JSON values in and out of the database: validation, encoding and handler codecs.
+
+Inputs and outputs are JSON values (python-api.md, Handlers). Before anything is
+written, :func:`encode_json` proves a value is JSON that PostgreSQL's ``jsonb`` accepts:
+no NaN or infinity, no string holding NUL (``\\u0000``), string keys only. A handler
+whose input parameter or return value is annotated with a dataclass or a pydantic model
+gets it decoded and encoded by a :class:`Codec`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from cyclone.errors import ValidationError
+
+__all__ = ["Codec", "codec_for", "encode_json", "find_nul"]
+
+_encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def find_nul(value: Any, path: str = "$") -> str | None:
+    """The JSON path of the first string (value or key) in ``value`` holding NUL."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                return f"{path}.{key!r}"
+            found = find_nul(item, f"{path}.{key}")
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = find_nul(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def encode_json(value: Any, what: str) -> str:
+    """Encode ``value`` as JSON text for a ``jsonb`` column.
+
+    Args:
+        value: any JSON value (dict, list, str, int, float, bool, None); tuples are
+            encoded as lists and non-string keys as strings, as ``json.dumps`` does.
+        what: what the value is, for the error message ("input of kind 'charge'").
+
+    Raises:
+        ValidationError: the value is not JSON (a set, an arbitrary object, NaN or
+            infinity) or holds NUL in a string.
+    """
+    try:
+        text = _encoder.encode(value)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"{what} is not a JSON value ({exc}): {_short(value)}") from exc
+    if "\\u0000" in text:
+        path = find_nul(value) or "$"
+        raise ValidationError(f"{what} holds a NUL character at {path}; jsonb cannot store it")
+    return text
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Codec:
+    """How one handler's input is decoded and its output encoded.
+
+    ``decode`` turns the stored JSON value into what the handler's parameter expects;
+    ``encode`` turns the handler's return value into a JSON value.
+    """
+
+    decode: Callable[[Any], Any]
+    encode: Callable[[Any], Any]
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _encode_any(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return value
+
+
+PLAIN = Codec(decode=_identity, encode=_encode_any)
+"""The codec for unannotated or plain JSON annotations."""
+
+
+def codec_for(annotation: Any) -> Codec:
+    """The codec for a handler whose input parameter is annotated with ``annotation``.
+
+    A dataclass is built from the stored object with ``cls(**value)``; a pydantic model
+    with ``cls.model_validate(value)``. Any other annotation passes the JSON value
+    through. Return values that are dataclasses or pydantic models are always encoded.
+    """
+    if isinstance(annotation, type):
+        if dataclasses.is_dataclass(annotation):
+            cls = annotation
+
+            def decode_dataclass(value: Any) -> Any:
+                return value if isinstance(value, cls) else cls(**value)
+
+            return Codec(decode=decode_dataclass, encode=_encode_any)
+        validate = getattr(annotation, "model_validate", None)
+        if callable(validate):
+            return Codec(decode=validate, encode=_encode_any)
+    return PLAIN

@@ -1,0 +1,148 @@
+"""The records producer and inspection calls return: ``Enqueued``, ``Run``, ``Step``.
+
+All are frozen dataclasses built from rows of ``runs_get``, ``runs_list`` and
+``steps_list`` (python-api.md, Client). Timestamps are aware datetimes from the
+database clock; durations are seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cyclone.errors import ValidationError
+from cyclone.states import RunState, StepState
+
+__all__ = ["Enqueued", "Run", "RunRef", "Step", "run_id_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """A standalone run of one step, as returned by ``enqueue``.
+
+    Attributes:
+        run_id: the run's id.
+        step_id: the id of its one step.
+        duplicate: true when a live step of the same kind already held the
+            ``unique_key``; ``run_id`` and ``step_id`` are then that step's.
+    """
+
+    __module__ = "cyclone"
+
+    run_id: int
+    step_id: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A run (``cyclone_runs``) with its result and error.
+
+    Attributes:
+        id: run id.
+        workflow: the workflow name, or the kind of a standalone run.
+        state: a :class:`RunState`.
+        def_version: DAG fingerprint; ``"job"`` for a standalone run.
+        input: the submitted input (a JSON value).
+        result: once completed, the output of the result node (for a standalone run,
+            its step's output); otherwise ``None``.
+        error: once failed, the error of the first discarded step; otherwise ``None``.
+        created_at, updated_at, finished_at, deadline_at, paused_at: timestamps.
+        submit_key: the submit-once key, if any.
+        parent_run_id, parent_node_id: the parent link of a child run.
+    """
+
+    __module__ = "cyclone"
+
+    id: int
+    workflow: str
+    state: RunState
+    def_version: str
+    input: Any
+    result: Any
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    deadline_at: datetime | None
+    paused_at: datetime | None
+    submit_key: str | None
+    parent_run_id: int | None
+    parent_node_id: str | None
+
+    @property
+    def terminal(self) -> bool:
+        """True once the run is completed, failed or cancelled."""
+        return self.state in (RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Run:
+        """Build from a ``runs_get`` / ``runs_list`` row."""
+        return cls(**{**row, "state": RunState(row["state"])})
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A step (``cyclone_steps``) as ``list_steps`` returns it.
+
+    ``timeout`` and ``retention`` are seconds or ``None``; ``input`` is the resolved
+    input (for a step that takes the run input, the run's input).
+    """
+
+    __module__ = "cyclone"
+
+    id: int
+    run_id: int
+    node: str
+    kind: str
+    state: StepState
+    queue: str
+    priority: int
+    input: Any
+    output: Any
+    attempt: int
+    max_attempts: int
+    error: str | None
+    error_kind: str | None
+    panic_stack: str | None
+    reclaims: int
+    lease_owner: str | None
+    lease_expiry: datetime | None
+    lease_generation: int
+    heartbeat_at: datetime | None
+    scheduled_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    unique_key: str | None
+    sequence_key: str | None
+    timeout: float | None
+    retention: float | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Step:
+        """Build from a ``steps_list`` row."""
+        values = dict(row)
+        values["state"] = StepState(values["state"])
+        values["timeout"] = values.pop("timeout_s")
+        values["retention"] = values.pop("retention_s")
+        return cls(**values)
+
+
+RunRef = int | Enqueued | Run
+"""What run control and ``wait`` accept: a run id or a handle that carries one."""
+
+
+def run_id_of(ref: Any) -> int:
+    """The run id of a :data:`RunRef` (also anything with a ``run_id`` attribute).
+
+    Raises:
+        ValidationError: ``ref`` is not a positive int nor a handle with a run id.
+    """
+    if isinstance(ref, Run):
+        return ref.id
+    value = getattr(ref, "run_id", ref)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValidationError(f"expected a run id or a run handle, got {ref!r}")

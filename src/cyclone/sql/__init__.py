@@ -1,0 +1,93 @@
+"""Every SQL statement the engine runs, one named block per statement.
+
+The statements live in ``cyclone/sql/<resource>.sql`` as blocks that start with
+``-- name: <resource>_<verb>``; they are parsed once at import. Each one is an attribute
+of :data:`Q` typed as ``LiteralString``, so a statement glued together from runtime
+strings fails type checking, and a misspelt name fails ``mypy``. ``tests/unit`` checks
+that the declared names and the files agree.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import LiteralString
+
+__all__ = ["Q", "Queries", "load_blocks"]
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_FILES = ("steps.sql", "runs.sql", "notify.sql", "migrate.sql")
+
+
+def load_blocks(text: str) -> dict[str, str]:
+    """Split the text of one ``.sql`` file into ``{name: statement}``.
+
+    A block runs from its ``-- name:`` line to the next one; comment lines and
+    surrounding blank lines are kept out of the statement text.
+    """
+    blocks: dict[str, str] = {}
+    marks = list(_NAME.finditer(text))
+    for mark, following in zip(marks, [*marks[1:], None], strict=True):
+        end = following.start() if following else len(text)
+        body = "\n".join(
+            line
+            for line in text[mark.end() : end].splitlines()
+            if line.strip() and not line.lstrip().startswith("--")
+        )
+        blocks[mark.group(1)] = body.rstrip().rstrip(";")
+    return blocks
+
+
+class Queries:
+    """The named statements, loaded from the package's ``.sql`` files."""
+
+    # steps.sql
+    steps_enqueue: LiteralString
+    steps_find_unique: LiteralString
+    steps_enqueue_many: LiteralString
+    steps_claim: LiteralString
+    steps_sequence_lock: LiteralString
+    steps_sequence_release: LiteralString
+    steps_heartbeat: LiteralString
+    steps_complete: LiteralString
+    steps_retry: LiteralString
+    steps_discard: LiteralString
+    steps_release: LiteralString
+    steps_sweep_candidates: LiteralString
+    steps_reclaim: LiteralString
+    steps_reclaim_discard: LiteralString
+    steps_list: LiteralString
+    # runs.sql
+    runs_lock: LiteralString
+    runs_fail_fast: LiteralString
+    runs_cancel: LiteralString
+    runs_get: LiteralString
+    runs_list: LiteralString
+    runs_states: LiteralString
+    # notify.sql
+    notify_publish: LiteralString
+    notify_listen: LiteralString
+    notify_listen_done: LiteralString
+    # migrate.sql
+    migrate_lock: LiteralString
+    migrate_unlock: LiteralString
+    migrate_version_table: LiteralString
+    migrate_applied: LiteralString
+    migrate_record: LiteralString
+
+    def __init__(self) -> None:
+        declared = set(self.__class__.__annotations__)
+        found: dict[str, str] = {}
+        for filename in _FILES:
+            text = resources.files(__package__).joinpath(filename).read_text("utf-8")
+            found.update(load_blocks(text))
+        if set(found) != declared:
+            missing = sorted(declared - set(found))
+            extra = sorted(set(found) - declared)
+            raise RuntimeError(f"SQL blocks out of step: missing {missing}, undeclared {extra}")
+        for name, statement in found.items():
+            setattr(self, name, statement)
+
+
+Q = Queries()
+"""The loaded statements; ``Q.steps_claim`` and so on."""

@@ -1,0 +1,19 @@
+-- Statements of the wakeup channels (engine-design, LISTEN/NOTIFY and the Polling Floor).
+-- Channels: cyclone_available (payload {"queue": ...}) and cyclone_run_done (payload
+-- {"runs": [...]}). Always sent in their own transaction, after the work they announce
+-- has committed.
+
+
+-- name: notify_publish
+-- Send many notifications in one transaction (one per channel and payload pair).
+SELECT pg_notify(t.channel, t.payload)
+FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS t (channel, payload);
+
+
+-- name: notify_listen
+-- Subscribe the listener connection to both channels.
+LISTEN cyclone_available;
+
+
+-- name: notify_listen_done
+LISTEN cyclone_run_done;

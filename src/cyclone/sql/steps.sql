@@ -1,0 +1,337 @@
+-- Statements on cyclone_steps: enqueue, claim, heartbeat, outcomes, recovery.
+--
+-- Every state transition here is a compare-and-swap: the WHERE clause names the state
+-- the row must be in and, for a worker's transition, the lease owner and the lease
+-- generation of its claim. Zero rows changed is a benign stale transition.
+-- Durations arrive as microseconds (bigint) so that now() on the database computes
+-- every timestamp: one clock for the whole lease model.
+
+
+-- name: steps_enqueue
+-- A standalone run and its one step, in one statement. The step is inserted first so
+-- that its ON CONFLICT on idx_steps_unique_active decides whether anything is written:
+-- on a live duplicate unique_key no step and no run is inserted and no row comes back.
+-- The run id is drawn from the run identity in advance; the foreign key from the step
+-- to the run is checked at the end of the statement, when both rows exist.
+WITH new_run AS (
+    SELECT nextval('cyclone_runs_id_seq') AS id
+), step AS (
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
+        timeout, unique_key, sequence_key, retention)
+    SELECT new_run.id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
+           %(max_attempts)s,
+           coalesce(%(scheduled_at)s::timestamptz,
+                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
+           %(timeout_us)s::bigint * interval '1 microsecond',
+           %(unique_key)s, %(sequence_key)s,
+           %(retention_us)s::bigint * interval '1 microsecond'
+    FROM new_run
+    ON CONFLICT (kind, unique_key)
+        WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled')
+        DO NOTHING
+    RETURNING id, run_id
+), run AS (
+    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node)
+    OVERRIDING SYSTEM VALUE
+    SELECT step.run_id, %(kind)s, 'job', %(input)s::jsonb, %(kind)s
+    FROM step
+)
+SELECT step.id AS step_id, step.run_id
+FROM step;
+
+
+-- name: steps_find_unique
+-- The active step that holds (kind, unique_key), if any: the run a duplicate enqueue
+-- returns.
+SELECT id AS step_id, run_id
+FROM cyclone_steps
+WHERE kind = %(kind)s
+  AND unique_key = %(unique_key)s
+  AND state NOT IN ('completed', 'discarded', 'cancelled');
+
+
+-- name: steps_enqueue_many
+-- Many standalone runs of one kind with shared options, in one statement. Run ids are
+-- drawn in input order, so the rows come back in input order when sorted by run id.
+WITH v AS (
+    SELECT nextval('cyclone_runs_id_seq') AS run_id, u.input, u.ord
+    FROM unnest(%(inputs)s::jsonb[]) WITH ORDINALITY AS u (input, ord)
+), run AS (
+    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node)
+    OVERRIDING SYSTEM VALUE
+    SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s
+    FROM v
+), step AS (
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
+        timeout, sequence_key, retention)
+    SELECT v.run_id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
+           %(max_attempts)s,
+           coalesce(%(scheduled_at)s::timestamptz,
+                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
+           %(timeout_us)s::bigint * interval '1 microsecond',
+           %(sequence_key)s,
+           %(retention_us)s::bigint * interval '1 microsecond'
+    FROM v
+    ORDER BY v.ord
+    RETURNING id, run_id
+)
+SELECT step.id AS step_id, step.run_id
+FROM step
+ORDER BY step.run_id;
+
+
+-- name: steps_claim
+-- engine-design, The Claiming Algorithm: lock up to %(limit)s due, available steps of
+-- one queue and of the kinds this worker registers, highest priority first, then
+-- earliest scheduled_at, then insertion order; skip rows other workers hold; move them
+-- to running under a lease the database clock computes from the TTL.
+-- A sequenced step (sequence_key) is claimable only at the head of its key: no other
+-- active step of the key is running, has been started before (a failed attempt or a
+-- reclaim), or comes earlier by (scheduled_at, id). steps_sequence_release rechecks
+-- that rule under the key's lock after the claim commits.
+WITH claimable AS (
+    SELECT s.id
+    FROM cyclone_steps s
+    WHERE s.state = 'available'
+      AND s.queue = %(queue)s
+      AND s.scheduled_at <= now()
+      AND s.kind = ANY(%(kinds)s::text[])
+      AND (s.sequence_key IS NULL OR NOT EXISTS (
+              SELECT 1
+              FROM cyclone_steps e
+              WHERE e.sequence_key = s.sequence_key
+                AND e.state NOT IN ('completed', 'discarded', 'cancelled')
+                AND e.id <> s.id
+                AND (e.state = 'running' OR e.attempt > 0 OR e.reclaims > 0
+                     OR (e.scheduled_at, e.id) < (s.scheduled_at, s.id))))
+    ORDER BY s.priority DESC, s.scheduled_at, s.id
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE cyclone_steps s
+SET state = 'running',
+    lease_owner = %(owner)s,
+    lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
+    heartbeat_at = now(),
+    started_at = now(),
+    lease_generation = s.lease_generation + 1
+FROM claimable c, cyclone_runs r
+WHERE s.id = c.id
+  AND s.state = 'available'
+  AND r.id = s.run_id
+RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, r.input) AS input,
+          s.attempt, s.max_attempts, s.lease_generation,
+          extract(epoch FROM s.timeout)::float8 AS timeout_s,
+          s.sequence_key, r.workflow, r.def_version;
+
+
+-- name: steps_sequence_lock
+-- Take the transaction-scoped advisory lock of each sequence key, in a fixed order so
+-- that two rechecks never deadlock. Held until the recheck commits.
+SELECT pg_advisory_xact_lock(hashtextextended('cyclone.sequence:' || k, 0))
+FROM (SELECT DISTINCT k FROM unnest(%(keys)s::text[]) AS k ORDER BY k) AS keys;
+
+
+-- name: steps_sequence_release
+-- Under the key locks and with a snapshot taken after them, give back each freshly
+-- claimed sequenced step that is not the head of its key after all (a competing claim
+-- or an earlier step committed concurrently). No attempt and no reclaim is counted.
+UPDATE cyclone_steps s
+SET state = 'available',
+    lease_owner = NULL,
+    lease_expiry = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS v (id, generation)
+WHERE s.id = v.id
+  AND s.state = 'running'
+  AND s.lease_owner = %(owner)s
+  AND s.lease_generation = v.generation
+  AND EXISTS (
+      SELECT 1
+      FROM cyclone_steps e
+      WHERE e.sequence_key = s.sequence_key
+        AND e.state NOT IN ('completed', 'discarded', 'cancelled')
+        AND e.id <> s.id
+        AND (e.state = 'running' OR e.attempt > 0 OR e.reclaims > 0
+             OR (e.scheduled_at, e.id) < (s.scheduled_at, s.id)))
+RETURNING s.id;
+
+
+-- name: steps_heartbeat
+-- engine-design, Leases and Heartbeats: renew the lease of one held step. The last
+-- clause makes the per-step timeout durable: past started_at + timeout the lease is no
+-- longer renewed and the sweep takes the step. No row back: the lease is lost.
+UPDATE cyclone_steps
+SET lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
+    heartbeat_at = now()
+WHERE id = %(id)s
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+  AND lease_generation = %(generation)s
+  AND (timeout IS NULL OR started_at + timeout > now())
+RETURNING id;
+
+
+-- name: steps_complete
+-- Complete held steps, each row guarded by its own CAS, and finish every run left with
+-- no active step. Runs in the transaction that locked those runs (runs_lock), after the
+-- handler's completion_tx() writes when there are any.
+WITH v AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::jsonb[])
+        AS v (id, generation, output)
+), done AS (
+    UPDATE cyclone_steps s
+    SET state = 'completed',
+        output = v.output,
+        completed_at = now(),
+        lease_owner = NULL,
+        lease_expiry = NULL
+    FROM v
+    WHERE s.id = v.id
+      AND s.state = 'running'
+      AND s.lease_owner = %(owner)s
+      AND s.lease_generation = v.generation
+    RETURNING s.id, s.run_id
+), finished AS (
+    UPDATE cyclone_runs r
+    SET state = 'completed',
+        finished_at = now(),
+        updated_at = now()
+    FROM done
+    WHERE r.id = done.run_id
+      AND r.state = 'running'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_steps o
+          WHERE o.run_id = r.id
+            AND o.id <> done.id
+            AND o.state NOT IN ('completed', 'discarded', 'cancelled'))
+    RETURNING r.id
+)
+SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished
+FROM done
+LEFT JOIN finished ON finished.id = done.run_id;
+
+
+-- name: steps_retry
+-- A failed attempt with attempts left: count it, record the error, and make the step
+-- claimable again after the backoff delay (computed by the caller, applied on the
+-- database clock).
+UPDATE cyclone_steps
+SET state = 'available',
+    attempt = attempt + 1,
+    error = %(error)s,
+    error_kind = %(error_kind)s,
+    panic_stack = %(panic_stack)s,
+    scheduled_at = now() + %(delay_us)s::bigint * interval '1 microsecond',
+    lease_owner = NULL,
+    lease_expiry = NULL
+WHERE id = %(id)s
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+  AND lease_generation = %(generation)s
+RETURNING id;
+
+
+-- name: steps_discard
+-- A failed attempt with no attempts left, or a Discard: the step is dead-lettered.
+-- Runs after runs_lock and before runs_fail_fast in one transaction.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    attempt = attempt + 1,
+    error = %(error)s,
+    error_kind = %(error_kind)s,
+    panic_stack = %(panic_stack)s,
+    completed_at = now(),
+    lease_owner = NULL,
+    lease_expiry = NULL
+WHERE id = %(id)s
+  AND state = 'running'
+  AND lease_owner = %(owner)s
+  AND lease_generation = %(generation)s
+RETURNING id;
+
+
+-- name: steps_release
+-- Give held steps back without counting an attempt or a reclaim (graceful shutdown).
+-- scheduled_at is unchanged: another worker may claim them at once.
+UPDATE cyclone_steps s
+SET state = 'available',
+    lease_owner = NULL,
+    lease_expiry = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS v (id, generation)
+WHERE s.id = v.id
+  AND s.state = 'running'
+  AND s.lease_owner = %(owner)s
+  AND s.lease_generation = v.generation
+RETURNING s.id, s.queue;
+
+
+-- name: steps_sweep_candidates
+-- Running steps whose lease expired (idx_steps_lease) or whose timeout passed
+-- (idx_steps_timeout), even while their heartbeats still run.
+(SELECT id, run_id, lease_generation, reclaims, false AS timed_out
+ FROM cyclone_steps
+ WHERE state = 'running'
+   AND lease_expiry < now()
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT id, run_id, lease_generation, reclaims, true AS timed_out
+ FROM cyclone_steps
+ WHERE state = 'running'
+   AND timeout IS NOT NULL
+   AND started_at + timeout <= now()
+ LIMIT %(limit)s);
+
+
+-- name: steps_reclaim
+-- The recovery sweep gives one step back: available again at once (scheduled_at
+-- unchanged), lease cleared, reclaims + 1, attempt unchanged (a reclaim is not an
+-- attempt). Guarded on the generation the sweep read and on the expiry still holding.
+UPDATE cyclone_steps
+SET state = 'available',
+    reclaims = reclaims + 1,
+    error = %(error)s,
+    error_kind = %(error_kind)s,
+    lease_owner = NULL,
+    lease_expiry = NULL
+WHERE id = %(id)s
+  AND state = 'running'
+  AND lease_generation = %(generation)s
+  AND (lease_expiry < now() OR (timeout IS NOT NULL AND started_at + timeout <= now()))
+RETURNING id, queue;
+
+
+-- name: steps_reclaim_discard
+-- The recovery sweep dead-letters a step past max_reclaims (error_kind reclaim_limit).
+-- Runs after runs_lock and before runs_fail_fast in one transaction.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    reclaims = reclaims + 1,
+    error = %(error)s,
+    error_kind = 'reclaim_limit',
+    completed_at = now(),
+    lease_owner = NULL,
+    lease_expiry = NULL
+WHERE id = %(id)s
+  AND state = 'running'
+  AND lease_generation = %(generation)s
+  AND (lease_expiry < now() OR (timeout IS NOT NULL AND started_at + timeout <= now()))
+RETURNING id;
+
+
+-- name: steps_list
+-- Every step of one run, in insertion order (the order of definition).
+SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
+       coalesce(s.input, r.input) AS input, s.output, s.attempt, s.max_attempts,
+       s.error, s.error_kind, s.panic_stack, s.reclaims, s.lease_owner, s.lease_expiry,
+       s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
+       s.completed_at, s.unique_key, s.sequence_key,
+       extract(epoch FROM s.timeout)::float8 AS timeout_s,
+       extract(epoch FROM s.retention)::float8 AS retention_s
+FROM cyclone_steps s
+JOIN cyclone_runs r ON r.id = s.run_id
+WHERE s.run_id = %(run_id)s
+ORDER BY s.id;

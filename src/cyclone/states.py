@@ -1,0 +1,116 @@
+"""Run and step states, and every legal move between them.
+
+The values are the strings stored in ``cyclone_runs.state`` and ``cyclone_steps.state``
+(schema-reference, cyclone_runs and cyclone_steps). :data:`STEP_TRANSITIONS` lists each
+move the engine makes and which part of the engine makes it; every move is a
+CAS-guarded ``UPDATE`` in ``cyclone/sql``. The property-based state-machine test checks
+the database against this table.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "ACTIVE_STEP_STATES",
+    "RUN_TRANSITIONS",
+    "STEP_TRANSITIONS",
+    "TERMINAL_RUN_STATES",
+    "TERMINAL_STEP_STATES",
+    "RunState",
+    "StepState",
+]
+
+
+class RunState(StrEnum):
+    """State of a run (``cyclone_runs.state``).
+
+    A run starts ``running``; there is no persisted pending run state.
+    """
+
+    __module__ = "cyclone"
+
+    RUNNING = "running"
+    """Inserted by enqueue or submit; left by completion, failure, cancel or pause."""
+    PAUSED = "paused"
+    """Entered by ``pause``; left by ``resume`` or ``cancel``."""
+    COMPLETED = "completed"
+    """Entered when the last step of the run completes (terminal)."""
+    FAILED = "failed"
+    """Entered when a discard is fatal to the run (terminal; operator retry reopens)."""
+    CANCELLED = "cancelled"
+    """Entered by ``cancel`` (terminal)."""
+
+
+class StepState(StrEnum):
+    """State of a step (``cyclone_steps.state``)."""
+
+    __module__ = "cyclone"
+
+    PENDING = "pending"
+    """Waiting for its dependencies; moved to ``available`` by the DAG advance."""
+    AVAILABLE = "available"
+    """Claimable once ``scheduled_at <= now()``; moved to ``running`` by a claim."""
+    RUNNING = "running"
+    """Held under a lease by one worker; left by completion, failure, sweep or release."""
+    WAITING_SIGNAL = "waiting_signal"
+    """A signal wait; completed by a signal or failed by its timeout."""
+    WAITING_TIMER = "waiting_timer"
+    """A timer wait; completed by the wait scanner at ``scheduled_at``."""
+    WAITING_CHILD = "waiting_child"
+    """A child node waiting for its child run."""
+    PAUSED = "paused"
+    """Held by a run pause; restored by ``resume``."""
+    COMPLETED = "completed"
+    """Finished with its output (terminal)."""
+    DISCARDED = "discarded"
+    """Failed for good: attempts, reclaims or a ``Discard`` (terminal)."""
+    CANCELLED = "cancelled"
+    """Cancelled with its run or branch (terminal)."""
+
+
+TERMINAL_STEP_STATES: frozenset[StepState] = frozenset(
+    {StepState.COMPLETED, StepState.DISCARDED, StepState.CANCELLED}
+)
+"""States a step never leaves except by an operator retry."""
+
+ACTIVE_STEP_STATES: frozenset[StepState] = frozenset(StepState) - TERMINAL_STEP_STATES
+"""'Active' for ``unique_key`` and ``sequence_key``: every state but the terminal ones."""
+
+TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
+    {RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED}
+)
+"""States in which a run is finished (``finished_at`` set)."""
+
+S = StepState
+STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
+    (S.AVAILABLE, S.RUNNING): "claim (worker)",
+    (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
+    (S.RUNNING, S.AVAILABLE): (
+        "failed attempt with retries left (worker, backoff via scheduled_at); "
+        "recovery sweep (lease expired or timeout passed, reclaims + 1); "
+        "release at graceful shutdown or sequence-gate recheck (no count)"
+    ),
+    (S.RUNNING, S.DISCARDED): (
+        "last attempt failed or Discard raised (worker); reclaim limit (sweep)"
+    ),
+    (S.RUNNING, S.CANCELLED): "cancel of the run",
+    (S.AVAILABLE, S.CANCELLED): "cancel of the run",
+    (S.PENDING, S.CANCELLED): "cancel of the run",
+    (S.PAUSED, S.CANCELLED): "cancel of the run",
+    (S.WAITING_SIGNAL, S.CANCELLED): "cancel of the run",
+    (S.WAITING_TIMER, S.CANCELLED): "cancel of the run",
+    (S.WAITING_CHILD, S.CANCELLED): "cancel of the run",
+}
+"""Every legal step move, with the part of the engine that makes it."""
+
+R = RunState
+RUN_TRANSITIONS: dict[tuple[RunState, RunState], str] = {
+    (R.RUNNING, R.COMPLETED): "its last step completed (completion transaction)",
+    (R.RUNNING, R.FAILED): "a fatal discard (worker or sweep, under the run row lock)",
+    (R.RUNNING, R.CANCELLED): "cancel",
+    (R.PAUSED, R.CANCELLED): "cancel",
+}
+"""Every legal run move, with the part of the engine that makes it."""
+
+del S, R

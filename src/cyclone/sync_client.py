@@ -1,0 +1,289 @@
+"""``SyncClient``: the producer and inspection calls of ``Client``, synchronous.
+
+The same method names and arguments as :class:`cyclone.Client` (python-api.md, Client),
+for code without an event loop: web handlers, scripts, tests. It runs no workers (use
+``Client`` or ``cyclone worker``). Wakeups are published right after each commit, in
+their own transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Self
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from cyclone.client import ClientConfig, WakeupTracker, _cancel_stmts, _list_params
+from cyclone.connections import engine_conninfo
+from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
+from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
+from cyclone.handlers import Handler
+from cyclone.migrate import migrate
+from cyclone.notify import RUN_DONE, publish_sync
+from cyclone.options import Duration, seconds
+from cyclone.producer import KindTarget, enqueue_many_stmt, enqueue_plan, enqueued_from_rows
+from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
+from cyclone.sql import Q
+from cyclone.states import RunState
+
+__all__ = ["SyncClient"]
+
+
+class SyncClient:
+    """Synchronous producer and inspection client.
+
+    Args:
+        conninfo: a libpq connection string or URL, or a ``psycopg_pool.ConnectionPool``.
+        handlers: kinds whose default options (queue, priority, ...) ``enqueue`` applies
+            when given their name.
+        poll_interval: seconds between polls of :meth:`wait` (default 1).
+        notify: publish wakeups and LISTEN in :meth:`wait` (default True).
+        schema: the Postgres schema Cyclone lives in (default ``public``).
+        retention: default time a finished run is kept (default 7 days).
+        max_connections: size of the client's own pool (default 4).
+
+    Raises:
+        ValidationError: a bad option.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(
+        self,
+        conninfo: str | ConnectionPool[Any],
+        *,
+        handlers: Iterable[Handler] = (),
+        poll_interval: Duration = 1.0,
+        notify: bool = True,
+        schema: str = "public",
+        retention: Duration | None = timedelta(days=7),
+        max_connections: int = 4,
+    ) -> None:
+        self.config = ClientConfig(
+            handlers=handlers, schema=schema, retention=retention, notify=notify
+        )
+        self.poll_interval = seconds(poll_interval, "poll_interval") or 1.0
+        if isinstance(conninfo, ConnectionPool):
+            base = conninfo.conninfo
+            if not isinstance(base, str):
+                raise ValidationError("a pool passed to SyncClient needs a conninfo string")
+            self._pool = conninfo
+            self._own_pool = False
+        elif isinstance(conninfo, str):
+            base = conninfo
+            self._pool = ConnectionPool(
+                engine_conninfo(base, schema=schema, application_name="cyclone-sync"),
+                min_size=1,
+                max_size=max_connections,
+                kwargs={"autocommit": True},
+                open=False,
+                name="cyclone-sync",
+            )
+            self._own_pool = True
+        else:
+            raise ValidationError(
+                f"conninfo must be a string or a ConnectionPool, got {conninfo!r}"
+            )
+        self._conninfo = base
+        self._listen_conninfo = engine_conninfo(
+            base, schema=schema, application_name="cyclone-wait"
+        )
+        self._opened = False
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply missing migrations (see :func:`cyclone.migrate`)."""
+        return migrate(self._conninfo, schema=self.config.schema)
+
+    def open(self) -> None:
+        """Open the pool (done on first use)."""
+        if not self._opened:
+            if self._own_pool:
+                self._pool.open(wait=True)
+            self._opened = True
+
+    def close(self) -> None:
+        """Close the client's own pool."""
+        if self._opened and self._own_pool:
+            self._pool.close()
+        self._opened = False
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        self.open()
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _publish(
+        self, conn: psycopg.Connection[Any], queues: Iterable[str], runs: Iterable[int]
+    ) -> None:
+        if conn.autocommit:
+            publish_sync(conn, queues, runs)
+        else:  # a user's pool in transaction mode: finish its transaction first
+            conn.commit()
+            with conn.transaction():
+                publish_sync(conn, queues, runs)
+
+    # -- producers -----------------------------------------------------------------
+
+    def enqueue(self, kind: KindTarget, input: Any = None, **options: Any) -> Enqueued:
+        """Enqueue a standalone run of one step (see ``Client.enqueue``)."""
+        request = self.config.request(kind, input, **options)
+        with self._connection() as conn:
+            result = run_plan_sync(conn, enqueue_plan(request))
+            if not conn.autocommit:
+                conn.commit()
+            if not result.duplicate:
+                self._publish(conn, (request.queue,), ())
+        return result
+
+    def enqueue_tx(
+        self, conn: psycopg.Connection[Any], kind: KindTarget, input: Any = None, **options: Any
+    ) -> Enqueued:
+        """Enqueue inside the caller's transaction on ``conn`` (see ``Client.enqueue_tx``)."""
+        request = self.config.request(kind, input, **options)
+        self.config.check_tx_conn(conn, psycopg.Connection)
+        result = run_plan_sync(conn, enqueue_plan(request))
+        self.config.track(conn, (request.queue,))
+        return result
+
+    def enqueue_many(
+        self, kind: KindTarget, inputs: Sequence[Any], **options: Any
+    ) -> list[Enqueued]:
+        """Enqueue one run per input in one statement (see ``Client.enqueue_many``)."""
+        request = self.config.request(kind, inputs, many=True, **options)
+        if not inputs:
+            return []
+        with self._connection() as conn:
+            rows = fetch_sync(conn, enqueue_many_stmt(request))
+            if not conn.autocommit:
+                conn.commit()
+            self._publish(conn, (request.queue,), ())
+        return enqueued_from_rows(rows)
+
+    def enqueue_many_tx(
+        self, conn: psycopg.Connection[Any], kind: KindTarget, inputs: Sequence[Any], **options: Any
+    ) -> list[Enqueued]:
+        """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
+        request = self.config.request(kind, inputs, many=True, **options)
+        self.config.check_tx_conn(conn, psycopg.Connection)
+        if not inputs:
+            return []
+        rows = fetch_sync(conn, enqueue_many_stmt(request))
+        self.config.track(conn, (request.queue,))
+        return enqueued_from_rows(rows)
+
+    def track_wakeups(self, conn: psycopg.Connection[Any]) -> WakeupTracker:
+        """Record the queues of ``*_tx`` work on ``conn`` (see ``Client.track_wakeups``)."""
+        tracker = self.config.trackers.get(conn)
+        if tracker is None:
+            tracker = self.config.trackers[conn] = WakeupTracker()
+        return tracker
+
+    def publish_wakeups(self, tracker: WakeupTracker) -> None:
+        """Send the wakeups a tracker recorded (call after the caller's commit)."""
+        queues, tracker.queues = set(tracker.queues), set()
+        if queues:
+            with self._connection() as conn:
+                self._publish(conn, queues, ())
+
+    # -- inspection and control ----------------------------------------------------
+
+    def get_run(self, run: RunRef) -> Run:
+        """The run with its result and error (see ``Client.get_run``)."""
+        run_id = run_id_of(run)
+        with self._connection() as conn:
+            rows = fetch_dicts_sync(conn, Stmt(Q.runs_get, {"run_id": run_id}))
+        if not rows:
+            raise NotFoundError(f"run {run_id} does not exist")
+        return Run.from_row(rows[0])
+
+    def list_runs(
+        self,
+        state: RunState | str | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
+        before: int | None = None,
+    ) -> list[Run]:
+        """Runs, newest first (see ``Client.list_runs``)."""
+        params = _list_params(state, workflow, limit, before)
+        with self._connection() as conn:
+            rows = fetch_dicts_sync(conn, Stmt(Q.runs_list, params))
+        return [Run.from_row(row) for row in rows]
+
+    def list_steps(self, run: RunRef) -> list[Step]:
+        """Every step of a run, in insertion order."""
+        run_id = run_id_of(run)
+        with self._connection() as conn:
+            rows = fetch_dicts_sync(conn, Stmt(Q.steps_list, {"run_id": run_id}))
+        return [Step.from_row(row) for row in rows]
+
+    def cancel(self, run: RunRef) -> None:
+        """Cancel a running or paused run (see ``Client.cancel``)."""
+        run_id = run_id_of(run)
+        with self._connection() as conn:
+            if conn.autocommit:
+                rows = batch_sync(conn, _cancel_stmts(run_id), transaction=True)
+            else:
+                with conn.transaction():
+                    rows = batch_sync(conn, _cancel_stmts(run_id), transaction=False)
+            if rows[-1]:
+                self._publish(conn, (), (run_id,))
+        if not rows[-1]:
+            current = self.get_run(run_id)
+            raise StateError(f"run {run_id} is already {current.state.value}")
+
+    def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
+        """Block until the run is terminal (see ``Client.wait``).
+
+        Listens on ``cyclone_run_done`` on a connection of its own while it waits (unless
+        ``notify=False``), and polls every ``poll_interval`` in any case.
+        """
+        run_id = run_id_of(run)
+        limit = seconds(timeout, "timeout", allow_zero=True)
+        deadline = None if limit is None else time.monotonic() + limit
+        listen: psycopg.Connection[Any] | None = None
+        try:
+            if self.config.notify:
+                try:
+                    listen = psycopg.connect(self._listen_conninfo, autocommit=True)
+                    listen.execute(Q.notify_listen_done)
+                except psycopg.Error:
+                    listen = None  # poll only
+            while True:
+                current = self.get_run(run_id)
+                if current.terminal:
+                    return current
+                pause = self.poll_interval
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise WaitTimeout(
+                            f"run {run_id} is still {current.state.value} after {limit} s"
+                        )
+                    pause = min(pause, remaining)
+                if listen is None:
+                    time.sleep(pause)
+                    continue
+                try:
+                    for note in listen.notifies(timeout=pause):
+                        if note.channel == RUN_DONE and str(run_id) in note.payload:
+                            break
+                except psycopg.Error:
+                    listen.close()
+                    listen = None
+        finally:
+            if listen is not None:
+                listen.close()

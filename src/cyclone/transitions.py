@@ -1,0 +1,260 @@
+"""What the worker and the sweep write for each step transition, decided in pure code.
+
+Each function returns the statements of one transition (see ``states.STEP_TRANSITIONS``)
+for the shells of :mod:`cyclone.dbio` to run. Transitions that may end a run lock the
+run rows first (``runs_lock``), so every writer takes locks in one order.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cyclone.dbio import Rows, Stmt
+from cyclone.errors import Discard
+from cyclone.options import micros
+from cyclone.retry import RetryPolicy
+from cyclone.sql import Q
+
+__all__ = [
+    "Claimed",
+    "Failure",
+    "claim_stmt",
+    "complete_stmts",
+    "decide_failure",
+    "failure_stmts",
+    "heartbeat_stmt",
+    "parse_claimed",
+    "parse_completed",
+    "reclaim_stmts",
+    "release_stmt",
+    "sequence_recheck_stmts",
+]
+
+_MAX_ERROR_CHARS = 8_000
+_MAX_STACK_CHARS = 32_000
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A step this worker holds: what ``steps_claim`` returned for it.
+
+    ``generation`` is the lease generation of the claim, the fencing token every later
+    transition of this worker compares; ``timeout`` is seconds or ``None``.
+    """
+
+    id: int
+    run_id: int
+    node: str
+    kind: str
+    input: Any
+    attempt: int
+    max_attempts: int
+    generation: int
+    timeout: float | None
+    sequence_key: str | None
+    workflow: str
+    def_version: str
+    queue: str
+
+
+def claim_stmt(*, queue: str, kinds: Sequence[str], owner: str, ttl: float, limit: int) -> Stmt:
+    """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease."""
+    return Stmt(
+        Q.steps_claim,
+        {
+            "queue": queue,
+            "kinds": list(kinds),
+            "owner": owner,
+            "ttl_us": micros(ttl),
+            "limit": limit,
+        },
+    )
+
+
+def parse_claimed(rows: Rows, queue: str) -> list[Claimed]:
+    """The rows of ``steps_claim`` as :class:`Claimed` records."""
+    return [
+        Claimed(
+            id=row[0],
+            run_id=row[1],
+            node=row[2],
+            kind=row[3],
+            input=row[4],
+            attempt=row[5],
+            max_attempts=row[6],
+            generation=row[7],
+            timeout=row[8],
+            sequence_key=row[9],
+            workflow=row[10],
+            def_version=row[11],
+            queue=queue,
+        )
+        for row in rows
+    ]
+
+
+def heartbeat_stmt(step: Claimed, *, owner: str, ttl: float) -> Stmt:
+    """Renew the lease of ``step`` for ``ttl`` seconds (``steps_heartbeat``)."""
+    return Stmt(
+        Q.steps_heartbeat,
+        {"id": step.id, "owner": owner, "generation": step.generation, "ttl_us": micros(ttl)},
+    )
+
+
+def complete_stmts(owner: str, items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
+    """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
+
+    Returns the statements for one transaction; the last one's rows go to
+    :func:`parse_completed`.
+    """
+    return [
+        Stmt(Q.runs_lock, {"ids": sorted({step.run_id for step, _ in items})}),
+        Stmt(
+            Q.steps_complete,
+            {
+                "ids": [step.id for step, _ in items],
+                "generations": [step.generation for step, _ in items],
+                "outputs": [output for _, output in items],
+                "owner": owner,
+            },
+        ),
+    ]
+
+
+def parse_completed(rows: Rows) -> tuple[set[int], set[int]]:
+    """From ``steps_complete`` rows: the ids of steps completed, of runs finished."""
+    done = {row[0] for row in rows}
+    finished = {row[1] for row in rows if row[2]}
+    return done, finished
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """How a failed execution is recorded.
+
+    ``discard`` false means a retry after ``delay`` seconds; true means the step is
+    dead-lettered and its run resolved.
+    """
+
+    error: str
+    error_kind: str
+    panic_stack: str | None
+    discard: bool
+    delay: float
+
+
+def decide_failure(
+    step: Claimed,
+    exc: BaseException,
+    *,
+    retry: RetryPolicy,
+    no_retry: tuple[type[BaseException], ...],
+    error_kind: str | None = None,
+) -> Failure:
+    """Decide what a failed execution of ``step`` becomes.
+
+    ``Discard`` and the kind's ``no_retry`` classes discard at once; otherwise the step
+    is retried with backoff until ``attempt + 1`` reaches ``max_attempts``.
+    ``error_kind`` overrides the classification (``"timeout"``).
+    """
+    immediate = isinstance(exc, (Discard, *no_retry))
+    kind = error_kind or ("discard" if immediate else "exception")
+    message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    stack = "".join(traceback.format_exception(exc))
+    failures = step.attempt + 1
+    discard = immediate or failures >= step.max_attempts
+    return Failure(
+        error=message[:_MAX_ERROR_CHARS],
+        error_kind=kind,
+        panic_stack=stack[-_MAX_STACK_CHARS:] if error_kind != "timeout" else None,
+        discard=discard,
+        delay=0.0 if discard else retry.delay(failures),
+    )
+
+
+def failure_stmts(owner: str, step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
+    """The statements recording ``failure``, and whether they form one transaction.
+
+    A retry is one CAS statement. A discard locks the run, CAS-discards the step and
+    fails the run fast (runs_fail_fast), in one transaction.
+    """
+    params = {
+        "id": step.id,
+        "owner": owner,
+        "generation": step.generation,
+        "error": failure.error,
+        "error_kind": failure.error_kind,
+        "panic_stack": failure.panic_stack,
+    }
+    if not failure.discard:
+        return [Stmt(Q.steps_retry, {**params, "delay_us": micros(failure.delay)})], False
+    return [
+        Stmt(Q.runs_lock, {"ids": [step.run_id]}),
+        Stmt(Q.steps_discard, params),
+        Stmt(Q.runs_fail_fast, {"run_id": step.run_id, "step_id": step.id}),
+    ], True
+
+
+def release_stmt(owner: str, steps: Sequence[Claimed]) -> Stmt:
+    """Give held steps back with no attempt and no reclaim counted (``steps_release``)."""
+    return Stmt(
+        Q.steps_release,
+        {
+            "ids": [s.id for s in steps],
+            "generations": [s.generation for s in steps],
+            "owner": owner,
+        },
+    )
+
+
+def sequence_recheck_stmts(owner: str, steps: Sequence[Claimed]) -> list[Stmt]:
+    """Lock the sequence keys of fresh claims, then give back those not at their head."""
+    return [
+        Stmt(Q.steps_sequence_lock, {"keys": [s.sequence_key for s in steps]}),
+        Stmt(
+            Q.steps_sequence_release,
+            {
+                "ids": [s.id for s in steps],
+                "generations": [s.generation for s in steps],
+                "owner": owner,
+            },
+        ),
+    ]
+
+
+def reclaim_stmts(
+    *, step_id: int, run_id: int, generation: int, reclaims: int, timed_out: bool, max_reclaims: int
+) -> tuple[list[Stmt], bool]:
+    """What the sweep writes for one expired step, and whether it is a discard.
+
+    Below ``max_reclaims`` the step goes back to ``available`` (``steps_reclaim``);
+    past it, the step is discarded with ``reclaim_limit`` and its run resolved.
+    """
+    reason = "timeout passed" if timed_out else "lease expired"
+    if reclaims + 1 <= max_reclaims:
+        return [
+            Stmt(
+                Q.steps_reclaim,
+                {
+                    "id": step_id,
+                    "generation": generation,
+                    "error": f"reclaimed: {reason}",
+                    "error_kind": "timeout" if timed_out else "lease_expired",
+                },
+            )
+        ], False
+    return [
+        Stmt(Q.runs_lock, {"ids": [run_id]}),
+        Stmt(
+            Q.steps_reclaim_discard,
+            {
+                "id": step_id,
+                "generation": generation,
+                "error": f"{reason}; reclaimed {reclaims} times, max_reclaims is {max_reclaims}",
+            },
+        ),
+        Stmt(Q.runs_fail_fast, {"run_id": run_id, "step_id": step_id}),
+    ], True

@@ -1,0 +1,590 @@
+"""The worker: claim loops, handler execution, heartbeats, completion, shutdown.
+
+engine-design, The Claiming Algorithm and Leases and Heartbeats. Each queue has its own
+claim loop and number of slots. A loop claims as many steps as it has free slots (up to
+``claim_batch``) in one statement, runs each handler in its own task, renews each
+held lease every TTL/3 from a timer, and records the outcome with a CAS on state, owner
+and lease generation:
+
+* output without a completion transaction: handed to the completer, which completes
+  many steps in one transaction (each row keeps its own CAS);
+* with ``ctx.completion_tx()``: completed inside that transaction, alone;
+* an exception: retried with backoff, or discarded (and the run failed fast).
+
+A claim that errors does not stop its loop; polling at ``poll_interval`` is the floor
+and a ``cyclone_available`` wakeup for the queue cuts the wait short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.completion import CompletionTx, TxSlots
+from cyclone.context import Context
+from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
+from cyclone.handlers import Handler
+from cyclone.notify import Publisher
+from cyclone.payloads import encode_json
+from cyclone.producer import EnqueueRequest
+from cyclone.transitions import (
+    Claimed,
+    Failure,
+    claim_stmt,
+    complete_stmts,
+    decide_failure,
+    failure_stmts,
+    heartbeat_stmt,
+    parse_claimed,
+    parse_completed,
+    release_stmt,
+    sequence_recheck_stmts,
+)
+
+__all__ = ["Worker", "WorkerSettings"]
+
+log = logging.getLogger("cyclone.worker")
+
+_WRITE_RETRIES = 5  # attempts to record an outcome before leaving the step to the sweep
+_ERROR_BACKOFF_CAP = 10.0  # seconds between attempts of a failing claim, at most
+
+
+def error_backoff(failures: int) -> float:
+    """Seconds to wait after ``failures`` consecutive errors: 0.1 s doubling, capped."""
+    return min(_ERROR_BACKOFF_CAP, 0.1 * 2.0 ** min(failures, 16))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Settings of a worker (all durations in seconds)."""
+
+    owner: str
+    queues: Mapping[str, int]
+    lease_ttl: float
+    poll_interval: float
+    claim_batch: int
+    shutdown_grace: float
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A step this worker holds, from claim until its outcome is written."""
+
+    step: Claimed
+    ctx: Context
+    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
+    in_handler: bool = False
+    lost: bool = False  # a heartbeat found the lease gone
+    released: bool = False  # given back at shutdown
+
+
+@dataclass(slots=True, eq=False)
+class _Queue:
+    name: str
+    slots: int
+    busy: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _Completer:
+    """Completes steps that have no completion transaction, many per transaction."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], owner: str, *, batch: int) -> None:
+        self._pool = pool
+        self._owner = owner
+        self._batch = batch
+        self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
+        self._ready = asyncio.Event()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, flushers: int) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"cyclone-completer-{i}") for i in range(flushers)
+        ]
+
+    async def close(self) -> None:
+        """Wait until every requested completion is written, then stop."""
+        await self._idle.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def complete(self, step: Claimed, output: str | None) -> tuple[bool, bool]:
+        """Complete ``step``; (completed, run finished). False: a stale completion."""
+        future: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
+        self._items.append((step, output, future))
+        self._idle.clear()
+        self._ready.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._ready.wait()
+            batch, self._items = self._items[: self._batch], self._items[self._batch :]
+            if not self._items:
+                self._ready.clear()
+            if batch:
+                self._in_flight += 1
+                try:
+                    await self._flush(batch)
+                finally:
+                    self._in_flight -= 1
+            if not self._items and not self._in_flight:
+                self._idle.set()
+
+    async def _flush(
+        self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
+    ) -> None:
+        stmts = complete_stmts(self._owner, [(step, output) for step, output, _ in batch])
+        for attempt in range(_WRITE_RETRIES):
+            try:
+                async with self._pool.connection() as conn:
+                    rows = await batch_async(conn, stmts, transaction=True)
+                break
+            except Exception as exc:
+                if attempt == _WRITE_RETRIES - 1:
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    return
+                log.warning("completing %d steps failed, retrying: %s", len(batch), exc)
+                await asyncio.sleep(error_backoff(attempt))
+        done, finished = parse_completed(rows[-1])
+        for step, _, future in batch:
+            if not future.done():
+                future.set_result((step.id in done, step.run_id in finished))
+
+
+class Worker:
+    """Claims and runs the steps of the registered kinds in the configured queues."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        handlers: Mapping[str, Handler],
+        pool: AsyncConnectionPool[Any],
+        slots: TxSlots,
+        tx_pools: tuple[Any, Any],
+        publisher: Publisher,
+        build_request: Callable[..., EnqueueRequest],
+    ) -> None:
+        self.settings = settings
+        self._handlers = dict(handlers)
+        self._kinds = sorted(self._handlers)
+        self._pool = pool
+        self._slots = slots
+        self._async_tx_pool, self._sync_tx_pool = tx_pools
+        self._publisher = publisher
+        self._build_request = build_request
+        self._queues = {name: _Queue(name, n) for name, n in settings.queues.items()}
+        self._held: dict[int, _Held] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loops: list[asyncio.Task[None]] = []
+        self._completer = _Completer(pool, settings.owner, batch=max(10, settings.claim_batch))
+        total = sum(settings.queues.values())
+        self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
+        self._stopping = False
+        self.claim_errors = 0
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start one claim loop per queue and the completer."""
+        self._completer.start(flushers=2)
+        for queue in self._queues.values():
+            task = asyncio.create_task(self._claim_loop(queue), name=f"cyclone-claim-{queue.name}")
+            self._loops.append(task)
+
+    def wake(self, queue: str | None) -> None:
+        """A wakeup for ``queue`` (``None``: every queue); others are ignored."""
+        if queue is None:
+            for q in self._queues.values():
+                q.wake.set()
+        elif (target := self._queues.get(queue)) is not None:
+            target.wake.set()
+
+    @property
+    def held(self) -> int:
+        """Steps held right now."""
+        return len(self._held)
+
+    async def stop(self) -> None:
+        """Stop claiming, let handlers finish within the grace period, release the rest.
+
+        Steps still running after ``shutdown_grace`` seconds are given back with no
+        attempt and no reclaim counted; an async handler is cancelled, a sync handler's
+        thread cannot be, and its late completion is fenced by the lease generation.
+        """
+        self._stopping = True
+        for queue in self._queues.values():
+            queue.wake.set()
+            queue.freed.set()
+        # Loops finish their claim in flight (and dispatch what it returned) and exit.
+        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace)
+        leftover = [held for held in self._held.values() if not held.released]
+        if leftover:
+            for held in leftover:
+                held.released = True
+                held.ctx._cancelled = True
+                if held.timer is not None:
+                    held.timer.cancel()
+            await self._release([held.step for held in leftover])
+            for held in leftover:
+                if held.task is not None and self._handlers[held.step.kind].is_async:
+                    held.task.cancel()
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=1.0)
+        await self._completer.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _release(self, steps: list[Claimed]) -> None:
+        try:
+            async with self._pool.connection() as conn:
+                rows = await fetch_async(conn, release_stmt(self.settings.owner, steps))
+            self._publisher.available({row[1] for row in rows})
+            log.info("released %d held steps at shutdown", len(rows))
+        except Exception as exc:
+            log.warning(
+                "releasing %d steps failed; the sweep will reclaim them: %s", len(steps), exc
+            )
+
+    # -- claiming ------------------------------------------------------------------
+
+    async def _claim_loop(self, queue: _Queue) -> None:
+        failures = 0
+        settings = self.settings
+        while not self._stopping:
+            free = queue.slots - queue.busy
+            if free <= 0:
+                queue.freed.clear()
+                await queue.freed.wait()
+                continue
+            limit = min(free, settings.claim_batch)
+            queue.wake.clear()
+            try:
+                claimed = await self._claim(queue, limit)
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                self.claim_errors += 1
+                log.warning("claim in queue %r failed (attempt %d): %s", queue.name, failures, exc)
+                await self._wait_wake(queue, error_backoff(failures))
+                continue
+            for step in claimed:
+                self._dispatch(queue, step)
+            if len(claimed) < limit:
+                await self._wait_wake(queue, settings.poll_interval)
+
+    async def _wait_wake(self, queue: _Queue, limit: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limit):
+                await queue.wake.wait()
+
+    async def _claim(self, queue: _Queue, limit: int) -> list[Claimed]:
+        owner = self.settings.owner
+        stmt = claim_stmt(
+            queue=queue.name,
+            kinds=self._kinds,
+            owner=owner,
+            ttl=self.settings.lease_ttl,
+            limit=limit,
+        )
+        async with self._pool.connection() as conn:
+            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name)
+            sequenced = [step for step in claimed if step.sequence_key is not None]
+            if sequenced:
+                rows = await batch_async(
+                    conn, sequence_recheck_stmts(owner, sequenced), transaction=True
+                )
+                given_back = {row[0] for row in rows[-1]}
+                if given_back:
+                    log.debug("sequence recheck gave back steps %s", sorted(given_back))
+                    claimed = [step for step in claimed if step.id not in given_back]
+        return claimed
+
+    # -- running a step ------------------------------------------------------------
+
+    def _dispatch(self, queue: _Queue, step: Claimed) -> None:
+        handler = self._handlers[step.kind]
+        tx = CompletionTx(self._slots, self._async_tx_pool, self._sync_tx_pool)
+        ctx = Context(
+            run_id=step.run_id,
+            step_id=step.id,
+            node=step.node,
+            kind=step.kind,
+            workflow=step.workflow,
+            queue=step.queue,
+            attempt=step.attempt,
+            max_attempts=step.max_attempts,
+            lease_generation=step.generation,
+            is_async=handler.is_async,
+            tx=tx,
+            build_request=self._build_request,
+        )
+        held = _Held(step, ctx)
+        self._held[step.id] = held
+        queue.busy += 1
+        task = asyncio.create_task(self._execute(queue, handler, held, tx))
+        held.task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._schedule_heartbeat(held)
+
+    async def _execute(
+        self, queue: _Queue, handler: Handler, held: _Held, tx: CompletionTx
+    ) -> None:
+        step = held.step
+        try:
+            if handler.is_async:
+                await self._execute_async(handler, held, tx)
+            else:
+                await self._execute_sync(handler, held, tx)
+        except Exception:
+            log.exception("step %d (%s) outcome could not be recorded", step.id, step.kind)
+        finally:
+            if held.timer is not None:
+                held.timer.cancel()
+            self._held.pop(step.id, None)
+            queue.busy -= 1
+            queue.freed.set()
+
+    async def _execute_async(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
+        step, ctx = held.step, held.ctx
+        failure: Failure | None = None
+        output: str | None = None
+        timeout_cm = asyncio.timeout(step.timeout)
+        held.in_handler = True
+        try:
+            async with timeout_cm:
+                value = await handler.fn(ctx, handler.codec.decode(step.input))
+            output = self._encode_output(handler, value)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not (held.lost or held.released) or task is None:
+                await tx.close_async(commit=False)
+                raise
+            task.uncancel()
+            await tx.close_async(commit=False)
+            log.info("step %d (%s): lease lost, handler cancelled", step.id, step.kind)
+            return
+        except Exception as exc:
+            timed_out = timeout_cm.expired() and isinstance(exc, TimeoutError)
+            failure = decide_failure(
+                step,
+                exc,
+                retry=handler.retry,
+                no_retry=handler.no_retry,
+                error_kind="timeout" if timed_out else None,
+            )
+        finally:
+            held.in_handler = False
+        if failure is not None:
+            await tx.close_async(commit=False)
+            await self._record_failure(held, failure)
+            return
+        if held.released or held.lost:
+            await tx.close_async(commit=False)
+            return
+        if tx.async_conn is not None:
+            await self._complete_in_tx_async(held, tx, output)
+        else:
+            await self._complete_batched(held, output)
+
+    async def _execute_sync(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
+        step = held.step
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._executor, self._run_sync_handler, handler, held, tx)
+        timed_out = False
+        try:
+            result = await asyncio.wait_for(asyncio.shield(future), step.timeout)
+        except TimeoutError:
+            # A thread cannot be killed: record the timeout now (the slot stays busy
+            # until the thread returns; its late completion is fenced by the generation).
+            timed_out = True
+            held.ctx._cancelled = True
+            exc = TimeoutError(f"step exceeded its timeout of {step.timeout} s")
+            await self._record_failure(
+                held,
+                decide_failure(
+                    step, exc, retry=handler.retry, no_retry=handler.no_retry, error_kind="timeout"
+                ),
+            )
+            result = await future
+        if timed_out or result is None:
+            return
+        kind, payload = result
+        if kind == "failed":
+            await self._record_failure(held, payload)
+        elif kind == "completed":
+            self._after_completion(held, run_finished=payload)
+        elif kind == "output" and not (held.released or held.lost):
+            await self._complete_batched(held, payload)
+
+    def _run_sync_handler(
+        self, handler: Handler, held: _Held, tx: CompletionTx
+    ) -> tuple[str, Any] | None:
+        """In a handler thread: run it, and complete in its completion tx if opened."""
+        step, ctx = held.step, held.ctx
+        held.in_handler = True
+        try:
+            value = handler.fn(ctx, handler.codec.decode(step.input))
+            output = self._encode_output(handler, value)
+        except Exception as exc:
+            tx.close_sync(commit=False)
+            return "failed", decide_failure(
+                step, exc, retry=handler.retry, no_retry=handler.no_retry
+            )
+        finally:
+            held.in_handler = False
+        if tx.sync_conn is None:
+            return "output", output
+        if held.released or held.lost or ctx.cancelled:
+            tx.close_sync(commit=False)
+            return None
+        try:
+            rows = batch_sync(
+                tx.sync_conn,
+                complete_stmts(self.settings.owner, [(step, output)]),
+                transaction=False,
+            )
+        except Exception:
+            tx.close_sync(commit=False)
+            raise
+        done, finished = parse_completed(rows[-1])
+        if step.id not in done:
+            tx.close_sync(commit=False)
+            log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+            return None
+        tx.close_sync(commit=True)
+        return "completed", step.run_id in finished
+
+    def _encode_output(self, handler: Handler, value: Any) -> str | None:
+        if not handler.has_output:
+            return None
+        return encode_json(handler.codec.encode(value), f"output of kind {handler.kind!r}")
+
+    async def _complete_in_tx_async(
+        self, held: _Held, tx: CompletionTx, output: str | None
+    ) -> None:
+        step = held.step
+        conn = tx.async_conn
+        assert conn is not None
+        try:
+            rows = await batch_async(
+                conn, complete_stmts(self.settings.owner, [(step, output)]), transaction=False
+            )
+        except Exception:
+            await tx.close_async(commit=False)
+            raise
+        done, finished = parse_completed(rows[-1])
+        if step.id not in done:
+            await tx.close_async(commit=False)
+            log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+            return
+        await tx.close_async(commit=True)
+        self._after_completion(held, run_finished=step.run_id in finished)
+
+    async def _complete_batched(self, held: _Held, output: str | None) -> None:
+        completed, run_finished = await self._completer.complete(held.step, output)
+        if not completed:
+            log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
+            return
+        self._after_completion(held, run_finished=run_finished)
+
+    def _after_completion(self, held: _Held, *, run_finished: bool) -> None:
+        if held.ctx._wakeups:
+            self._publisher.available(held.ctx._wakeups)
+        if run_finished:
+            self._publisher.run_done((held.step.run_id,))
+
+    async def _record_failure(self, held: _Held, failure: Failure) -> None:
+        step = held.step
+        stmts, transaction = failure_stmts(self.settings.owner, step, failure)
+        rows = await self._write(stmts, transaction=transaction)
+        if rows is None:
+            return
+        if not rows[0 if not transaction else 1]:
+            log.info("step %d (%s): stale failure ignored", step.id, step.kind)
+            return
+        if failure.discard:
+            log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
+            if rows[-1]:
+                self._publisher.run_done((step.run_id,))
+        else:
+            log.info(
+                "step %d (%s) failed attempt %d, retry in %.1f s: %s",
+                step.id,
+                step.kind,
+                step.attempt + 1,
+                failure.delay,
+                failure.error,
+            )
+
+    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
+        """Run engine statements with retries; ``None`` if they could not be written."""
+        for attempt in range(_WRITE_RETRIES):
+            try:
+                async with self._pool.connection() as conn:
+                    return await batch_async(conn, stmts, transaction=transaction)
+            except Exception as exc:
+                log.warning("engine write failed (attempt %d): %s", attempt + 1, exc)
+                await asyncio.sleep(error_backoff(attempt))
+        return None
+
+    # -- heartbeats ----------------------------------------------------------------
+
+    def _schedule_heartbeat(self, held: _Held) -> None:
+        loop = asyncio.get_running_loop()
+        held.timer = loop.call_later(self.settings.lease_ttl / 3, self._heartbeat_due, held)
+
+    def _heartbeat_due(self, held: _Held) -> None:
+        if held.step.id not in self._held or held.released:
+            return
+        task = asyncio.create_task(self._heartbeat(held))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _heartbeat(self, held: _Held) -> None:
+        step = held.step
+        try:
+            async with self._pool.connection() as conn:
+                rows = await fetch_async(
+                    conn,
+                    heartbeat_stmt(step, owner=self.settings.owner, ttl=self.settings.lease_ttl),
+                )
+        except Exception as exc:
+            log.warning("heartbeat of step %d failed, will retry: %s", step.id, exc)
+            rows = [(step.id,)]
+        if held.step.id not in self._held or held.released:
+            return
+        if rows:
+            self._schedule_heartbeat(held)
+            return
+        held.lost = True
+        held.ctx._cancelled = True
+        log.info("step %d (%s): lease lost (reclaimed, cancelled or timed out)", step.id, step.kind)
+        handler = self._handlers[step.kind]
+        if handler.is_async and held.in_handler and held.task is not None:
+            held.task.cancel()
+
+
+def queues_of(handlers: Iterable[Handler]) -> set[str]:
+    """The default queues of the given kinds."""
+    return {handler.options.queue for handler in handlers}
