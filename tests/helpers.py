@@ -1,0 +1,73 @@
+"""Waiting without sleeping blindly, and worker processes for crash tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def poll_until(
+    check: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Call ``check`` until it returns something truthy; that value. Fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or check}")
+        time.sleep(interval)
+
+
+async def apoll_until(
+    check: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Async :func:`poll_until`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or check}")
+        await asyncio.sleep(interval)
+
+
+def scalar(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any:
+    """The first column of the first row of ``query``."""
+    row = conn.execute(query, params).fetchone()
+    return None if row is None else row[0]
+
+
+def start_worker(app: str, env: Mapping[str, str], *, log_level: str = "WARNING") -> subprocess.Popen[bytes]:
+    """Start ``cyclone worker APP`` in a new process (its own process group)."""
+    full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to the process and reap it when it is SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    if sig == signal.SIGKILL:
+        proc.wait(timeout=30)
