@@ -33,7 +33,11 @@ def poll_until(
 
 
 async def apoll_until(
-    check: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.02, what: str = ""
+    check: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.02,
+    what: str = "",
 ) -> T:
     """Async :func:`poll_until`."""
     deadline = time.monotonic() + timeout
@@ -52,7 +56,9 @@ def scalar(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any
     return None if row is None else row[0]
 
 
-def start_worker(app: str, env: Mapping[str, str], *, log_level: str = "WARNING") -> subprocess.Popen[bytes]:
+def start_worker(
+    app: str, env: Mapping[str, str], *, log_level: str = "WARNING"
+) -> subprocess.Popen[bytes]:
     """Start ``cyclone worker APP`` in a new process (its own process group)."""
     full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(

@@ -152,7 +152,9 @@ async def test_async_handler_past_timeout_fails_with_timeout_kind(dsn: str) -> N
     assert step.error_kind == "timeout" and step.attempt == 1
 
 
-async def test_completion_tx_commits_with_step(dsn: str, db: psycopg.Connection[Any], ledger: None) -> None:
+async def test_completion_tx_commits_with_step(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
     async with client(dsn) as c:
         a = await c.wait(await c.enqueue(write_ledger, {"item": "a"}), timeout=30)
         b = await c.wait(await c.enqueue(write_ledger_sync, {"item": "b"}), timeout=30)
@@ -161,7 +163,9 @@ async def test_completion_tx_commits_with_step(dsn: str, db: psycopg.Connection[
     assert rows == [(a.id, "a"), (b.id, "b")]
 
 
-async def test_failing_handler_rolls_back_its_writes(dsn: str, db: psycopg.Connection[Any], ledger: None) -> None:
+async def test_failing_handler_rolls_back_its_writes(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
     async with client(dsn) as c:
         job = await c.enqueue(write_ledger, {"item": "x", "fail": True}, max_attempts=2)
         run = await c.wait(job, timeout=30)
@@ -169,7 +173,9 @@ async def test_failing_handler_rolls_back_its_writes(dsn: str, db: psycopg.Conne
     assert scalar(db, "SELECT count(*) FROM ledger") == 0
 
 
-async def test_enqueue_completion_exists_only_if_step_completes(dsn: str, db: psycopg.Connection[Any]) -> None:
+async def test_enqueue_completion_exists_only_if_step_completes(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
     async with client(dsn) as c:
         ok = await c.wait(await c.enqueue(spawns, {}), timeout=30)
         failed = await c.wait(await c.enqueue(spawns, {"fail": True}), timeout=30)
@@ -194,17 +200,26 @@ async def test_unique_key_returns_live_duplicate_then_frees(dsn: str) -> None:
     assert not fresh.duplicate and fresh.run_id != first.run_id
 
 
-async def test_concurrent_unique_enqueues_make_one_run(dsn: str, db: psycopg.Connection[Any]) -> None:
+async def test_concurrent_unique_enqueues_make_one_run(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
     async with client(dsn, handlers=[]) as c:
         results = await asyncio.gather(
-            *(c.enqueue("add", {"a": i, "b": 0}, unique_key="once", scheduled_at=timedelta(hours=1)) for i in range(20))
+            *(
+                c.enqueue(
+                    "add", {"a": i, "b": 0}, unique_key="once", scheduled_at=timedelta(hours=1)
+                )
+                for i in range(20)
+            )
         )
     assert len({r.run_id for r in results}) == 1
     assert sum(not r.duplicate for r in results) == 1
     assert scalar(db, "SELECT count(*) FROM cyclone_runs") == 1
 
 
-async def test_priority_then_scheduled_at_orders_claims(dsn: str, db: psycopg.Connection[Any]) -> None:
+async def test_priority_then_scheduled_at_orders_claims(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
     order: list[int] = []
 
     @cyclone.action("record")
@@ -218,8 +233,12 @@ async def test_priority_then_scheduled_at_orders_claims(dsn: str, db: psycopg.Co
         await producer.enqueue("record", 3, priority=0, scheduled_at=now - timedelta(seconds=1))
         await producer.enqueue("record", 4, priority=0, scheduled_at=now)
         await producer.enqueue("record", 1, priority=5, scheduled_at=now)
-        await producer.enqueue("record", 2, priority=5, scheduled_at=now + timedelta(milliseconds=1))
-    async with cyclone.Client(dsn, handlers=[record], queues={"default": 1}, poll_interval=0.2) as c:
+        await producer.enqueue(
+            "record", 2, priority=5, scheduled_at=now + timedelta(milliseconds=1)
+        )
+    async with cyclone.Client(
+        dsn, handlers=[record], queues={"default": 1}, poll_interval=0.2
+    ) as c:
         await apoll_until(lambda: asyncio.sleep(0, len(order) == 4), timeout=30)
     assert order == [1, 2, 3, 4]
 
@@ -243,11 +262,15 @@ async def test_cancel_running_and_finished_runs(dsn: str) -> None:
         with pytest.raises(cyclone.NotFoundError):
             await c.cancel(10**9)
         # the handler learns of the cancel at its next heartbeat and is cancelled
-        await apoll_until(lambda: asyncio.sleep(0, c.worker is not None and c.worker.held == 0), timeout=30)
+        await apoll_until(
+            lambda: asyncio.sleep(0, c.worker is not None and c.worker.held == 0), timeout=30
+        )
     assert run.state == RunState.CANCELLED and step.state == StepState.CANCELLED
 
 
-async def test_enqueue_tx_rollback_leaves_nothing_commit_is_claimed(dsn: str, db: psycopg.Connection[Any]) -> None:
+async def test_enqueue_tx_rollback_leaves_nothing_commit_is_claimed(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
     async with client(dsn) as c:
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             await c.enqueue_tx(conn, add, {"a": 1, "b": 1})
