@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -59,20 +60,34 @@ def scalar(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any
 def start_worker(
     app: str, env: Mapping[str, str], *, log_level: str = "WARNING"
 ) -> subprocess.Popen[bytes]:
-    """Start ``cyclone worker APP`` in a new process (its own process group)."""
+    """Start ``cyclone worker APP`` in a new process (its own process group).
+
+    Its log goes to a temporary file, ``proc.log_path``, so a full pipe never blocks it.
+    """
     full_env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
-        cwd=ROOT,
-        env=full_env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    log_file = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed below, kept on disk
+        prefix="cyclone-worker-", suffix=".log", delete=False
     )
+    with log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc.log_path = log_file.name  # type: ignore[attr-defined]
+    return proc
+
+
+def worker_log(proc: subprocess.Popen[bytes]) -> str:
+    """What a worker process printed so far."""
+    return Path(proc.log_path).read_text(errors="replace")  # type: ignore[attr-defined]
 
 
 def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` to the process and reap it when it is SIGKILL."""
+    """Send ``sig`` to the process; reap it when it is SIGKILL."""
     if proc.poll() is None:
         proc.send_signal(sig)
     if sig == signal.SIGKILL:

@@ -392,7 +392,9 @@ class Client:
     def _ensure_listener(self) -> None:
         if self._listener is None and self.config.notify:
             self._listener = Listener(
-                self._engine_conninfo,
+                engine_conninfo(
+                    self._conninfo, schema=self.config.schema, application_name="cyclone-listen"
+                ),
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,

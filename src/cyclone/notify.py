@@ -166,7 +166,8 @@ class Listener:
     Calls ``on_available(queue)`` for each ``cyclone_available`` notification,
     ``on_run_done(run_ids)`` for each ``cyclone_run_done`` one, and ``on_connect()``
     after every (re)connection, since notifications sent while it was away are lost
-    (the callers poll once). ``connected`` is set while LISTEN is active.
+    (the callers poll once). ``connected`` is set while LISTEN is active; ``connects``
+    counts successful connections and ``failures`` the consecutive failed ones.
     """
 
     def __init__(
@@ -184,6 +185,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.failures = 0
+        self.connects = 0
 
     def start(self) -> None:
         """Start listening in a background task."""
@@ -217,6 +219,7 @@ class Listener:
             await conn.execute(Q.notify_listen_done)
             self.connected.set()
             self.failures = 0
+            self.connects += 1
             self._on_connect()
             async for note in conn.notifies():
                 self._dispatch(note.channel, note.payload)

@@ -199,7 +199,10 @@ class Worker:
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
         self._stopping = False
+        self.claims = 0
+        """Claim statements run so far."""
         self.claim_errors = 0
+        """Claim statements that failed so far."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -279,6 +282,7 @@ class Worker:
             limit = min(free, settings.claim_batch)
             queue.wake.clear()
             try:
+                self.claims += 1
                 claimed = await self._claim(queue, limit)
                 failures = 0
             except Exception as exc:
@@ -528,6 +532,8 @@ class Worker:
             if rows[-1]:
                 self._publisher.run_done((step.run_id,))
         else:
+            # Nothing announces the end of a backoff: wake this queue then ourselves.
+            asyncio.get_running_loop().call_later(failure.delay, self.wake, step.queue)
             log.info(
                 "step %d (%s) failed attempt %d, retry in %.1f s: %s",
                 step.id,
