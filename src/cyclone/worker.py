@@ -84,6 +84,7 @@ class _Held:
     in_handler: bool = False
     lost: bool = False  # a heartbeat found the lease gone
     released: bool = False  # given back at shutdown
+    finished: bool = False  # its outcome is written (or given up)
 
 
 @dataclass(slots=True, eq=False)
@@ -192,7 +193,7 @@ class Worker:
         self._publisher = publisher
         self._build_request = build_request
         self._queues = {name: _Queue(name, n) for name, n in settings.queues.items()}
-        self._held: dict[int, _Held] = {}
+        self._held: dict[tuple[int, int], _Held] = {}  # by (step id, generation)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._completer = _Completer(pool, settings.owner, batch=max(10, settings.claim_batch))
@@ -343,7 +344,7 @@ class Worker:
             build_request=self._build_request,
         )
         held = _Held(step, ctx)
-        self._held[step.id] = held
+        self._held[step.id, step.generation] = held
         queue.busy += 1
         task = asyncio.create_task(self._execute(queue, handler, held, tx))
         held.task = task
@@ -363,9 +364,10 @@ class Worker:
         except Exception:
             log.exception("step %d (%s) outcome could not be recorded", step.id, step.kind)
         finally:
+            held.finished = True
             if held.timer is not None:
                 held.timer.cancel()
-            self._held.pop(step.id, None)
+            self._held.pop((step.id, step.generation), None)
             queue.busy -= 1
             queue.freed.set()
 
@@ -561,7 +563,7 @@ class Worker:
         held.timer = loop.call_later(self.settings.lease_ttl / 3, self._heartbeat_due, held)
 
     def _heartbeat_due(self, held: _Held) -> None:
-        if held.step.id not in self._held or held.released:
+        if held.finished or held.released:
             return
         task = asyncio.create_task(self._heartbeat(held))
         self._tasks.add(task)
@@ -578,7 +580,7 @@ class Worker:
         except Exception as exc:
             log.warning("heartbeat of step %d failed, will retry: %s", step.id, exc)
             rows = [(step.id,)]
-        if held.step.id not in self._held or held.released:
+        if held.finished or held.released:
             return
         if rows:
             self._schedule_heartbeat(held)

@@ -236,9 +236,7 @@ async def test_priority_then_scheduled_at_orders_claims(
         await producer.enqueue(
             "record", 2, priority=5, scheduled_at=now + timedelta(milliseconds=1)
         )
-    async with cyclone.Client(
-        dsn, handlers=[record], queues={"default": 1}, poll_interval=0.2
-    ):
+    async with cyclone.Client(dsn, handlers=[record], queues={"default": 1}, poll_interval=0.2):
         await apoll_until(lambda: asyncio.sleep(0, len(order) == 4), timeout=30)
     assert order == [1, 2, 3, 4]
 

@@ -270,19 +270,20 @@ RETURNING s.id, s.queue;
 
 
 -- name: steps_sweep_candidates
--- Running steps whose lease expired (idx_steps_lease) or whose timeout passed
--- (idx_steps_timeout), even while their heartbeats still run.
-(SELECT id, run_id, lease_generation, reclaims, false AS timed_out
- FROM cyclone_steps
- WHERE state = 'running'
-   AND lease_expiry < now()
- LIMIT %(limit)s)
-UNION ALL
+-- Running steps whose timeout passed (idx_steps_timeout), even while their heartbeats
+-- still run, then those whose lease expired (idx_steps_lease). A step in both lists
+-- comes first as a timeout.
 (SELECT id, run_id, lease_generation, reclaims, true AS timed_out
  FROM cyclone_steps
  WHERE state = 'running'
    AND timeout IS NOT NULL
    AND started_at + timeout <= now()
+ LIMIT %(limit)s)
+UNION ALL
+(SELECT id, run_id, lease_generation, reclaims, false AS timed_out
+ FROM cyclone_steps
+ WHERE state = 'running'
+   AND lease_expiry < now()
  LIMIT %(limit)s);
 
 
