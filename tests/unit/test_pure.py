@@ -1,0 +1,115 @@
+"""Pure parts, no database: backoff, JSON validation, codecs, SQL registry, states."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cyclone
+from cyclone.options import JobOptions, micros, seconds
+from cyclone.payloads import codec_for, encode_json, find_nul
+from cyclone.sql import Q, Queries, load_blocks
+from cyclone.states import STEP_TRANSITIONS, TERMINAL_STEP_STATES, StepState
+
+
+@given(
+    failures=st.integers(min_value=1, max_value=10**9),
+    base=st.floats(min_value=0.001, max_value=100),
+    factor=st.floats(min_value=1, max_value=100),
+    extra=st.floats(min_value=0, max_value=10_000),
+    rand=st.floats(min_value=0, max_value=1),
+)
+def test_backoff_is_finite_and_capped_at_any_attempt(
+    failures: int, base: float, factor: float, extra: float, rand: float
+) -> None:
+    policy = cyclone.RetryPolicy(base=base, factor=factor, cap=base + extra, jitter=0.5)
+    delay = policy.delay(failures, rand=lambda: rand)
+    assert math.isfinite(delay)
+    assert 0 < delay <= policy.cap
+    assert delay >= 0.5 * min(policy.cap, base)  # jitter takes at most half
+
+
+def test_backoff_grows_then_caps() -> None:
+    policy = cyclone.RetryPolicy(base=1, factor=2, cap=10, jitter=0)
+    assert [policy.delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 10, 10]
+
+
+def test_encode_json_names_the_problem() -> None:
+    assert encode_json({"a": [1, "x", None, True]}, "input") == '{"a":[1,"x",null,true]}'
+    assert encode_json("é", "input") == '"é"'
+    with pytest.raises(
+        cyclone.ValidationError, match=r"input holds a NUL character at \$\.a\[1\]\.b"
+    ):
+        encode_json({"a": [0, {"b": "x\x00"}]}, "input")
+    with pytest.raises(cyclone.ValidationError, match="is not a JSON value"):
+        encode_json({"x": math.inf}, "input")
+    assert find_nul(["fine", {"k": "v"}]) is None
+
+
+def test_codecs_for_dataclass_and_plain_values() -> None:
+    @dataclasses.dataclass
+    class Order:
+        id: int
+        amount: float
+
+    codec = codec_for(Order)
+    assert codec.decode({"id": 1, "amount": 2.5}) == Order(1, 2.5)
+    assert codec.encode(Order(1, 2.5)) == {"id": 1, "amount": 2.5}
+    plain = codec_for(dict)
+    assert plain.decode({"a": 1}) == {"a": 1}
+    assert plain.encode(Order(3, 1.0)) == {"id": 3, "amount": 1.0}
+
+
+@dataclasses.dataclass
+class Item:
+    name: str
+
+
+def test_handler_input_annotation_picks_its_codec() -> None:
+    @cyclone.step("typed")
+    def typed(ctx: cyclone.Context, inp: Item) -> Item:
+        return inp
+
+    assert typed.codec.decode({"name": "x"}) == Item("x")
+    assert typed.has_output and not typed.is_async
+    assert repr(typed) == "<cyclone step 'typed'>"
+
+
+def test_durations_accept_timedelta_and_seconds() -> None:
+    assert seconds(timedelta(minutes=2), "timeout") == 120
+    assert seconds(1.5, "timeout") == 1.5
+    assert seconds(None, "timeout") is None
+    assert micros(1.5) == 1_500_000
+    assert JobOptions.build(timeout=timedelta(seconds=3)).override(priority=4).priority == 4
+
+
+def test_every_declared_statement_is_in_the_sql_files_and_back() -> None:
+    declared = set(Queries.__annotations__)
+    found: set[str] = set()
+    for path in (Path(cyclone.__file__).parent / "sql").glob("*.sql"):
+        found |= set(load_blocks(path.read_text()))
+    assert declared == found
+    assert "FOR UPDATE OF s SKIP LOCKED" in Q.steps_claim
+    assert "--" not in Q.steps_claim  # comments stay out of the statement text
+
+
+def test_transition_table_names_only_real_moves() -> None:
+    for source, target in STEP_TRANSITIONS:
+        assert source not in TERMINAL_STEP_STATES  # nothing leaves a terminal state
+        assert source != target
+    assert (StepState.AVAILABLE, StepState.RUNNING) in STEP_TRANSITIONS
+    assert all(isinstance(s, StepState) for pair in STEP_TRANSITIONS for s in pair)
+
+
+def test_public_names_report_the_cyclone_module() -> None:
+    for name in ("Client", "SyncClient", "Context", "Run", "Step", "Enqueued", "RetryPolicy"):
+        assert getattr(cyclone, name).__module__ == "cyclone", name
+    assert issubclass(cyclone.WaitTimeout, TimeoutError)
+    assert issubclass(cyclone.LeaseLost, BaseException)
+    assert not issubclass(cyclone.LeaseLost, Exception)
