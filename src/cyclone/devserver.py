@@ -1,0 +1,82 @@
+"""Finding a PostgreSQL server for examples and the demo, embedded if need be.
+
+In order: the ``CYCLONE_DSN`` environment variable; a local server at 127.0.0.1:5432
+(users ``postgres`` then ``root``, databases ``test`` then ``postgres``); an embedded
+server from the ``pgserver`` package (``pip install 'cyclone[embedded]'``) in a data
+folder that :class:`DevServer` reports. Not for production: there, pass your DSN.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cyclone.errors import ConfigurationError
+
+__all__ = ["DevServer", "find_server"]
+
+_LOCAL = [
+    f"host=127.0.0.1 port=5432 user={user} dbname={db} connect_timeout=3"
+    for user in ("postgres", "root")
+    for db in ("test", "postgres")
+]
+
+
+@dataclass
+class DevServer:
+    """A reachable server: its ``dsn``, and for an embedded one its ``data_dir``."""
+
+    dsn: str
+    data_dir: str | None = None
+    _handle: Any = None
+
+    @property
+    def embedded(self) -> bool:
+        """True when this process started the server (``pgserver``)."""
+        return self._handle is not None
+
+    def stop(self) -> None:
+        """Stop an embedded server (no-op for an external one)."""
+        if self._handle is not None:
+            self._handle.cleanup()
+            self._handle = None
+
+
+def _reachable(dsn: str) -> bool:
+    try:
+        with psycopg.connect(dsn) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+def find_server(*, allow_embedded: bool = True) -> DevServer:
+    """A server to use: ``CYCLONE_DSN``, the local one, or an embedded one.
+
+    Raises:
+        ConfigurationError: nothing reachable and ``pgserver`` is not installed.
+    """
+    given = os.environ.get("CYCLONE_DSN")
+    if given:
+        return DevServer(given)
+    for dsn in _LOCAL:
+        if _reachable(dsn):
+            return DevServer(dsn)
+    if not allow_embedded:
+        raise ConfigurationError("no PostgreSQL reachable; set CYCLONE_DSN")
+    try:
+        pgserver: Any = importlib.import_module("pgserver")
+    except ImportError as exc:
+        raise ConfigurationError(
+            "no PostgreSQL reachable at 127.0.0.1:5432 and CYCLONE_DSN is not set; "
+            "install the embedded server with: pip install -e '.[embedded]'"
+        ) from exc
+    data_dir = tempfile.mkdtemp(prefix="cyclone-pg-")
+    handle = pgserver.get_server(data_dir, cleanup_mode="stop")
+    return DevServer(handle.get_uri(), data_dir, handle)
