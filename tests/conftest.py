@@ -11,11 +11,8 @@ dropped afterwards. Nothing depends on state left by an earlier run.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,40 +21,14 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import cyclone
+from cyclone.devserver import DevServer, find_server
+from cyclone.errors import ConfigurationError
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _reachable(dsn: str) -> bool:
+def _find_server() -> DevServer:
     try:
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
-
-
-def _find_server() -> tuple[str, Any]:
-    given = os.environ.get("CYCLONE_TEST_DSN")
-    if given:
-        return given, None
-    for user in ("postgres", "root"):
-        dsn = f"host=127.0.0.1 port=5432 user={user} dbname=test"
-        if _reachable(dsn):
-            return dsn, None
-        dsn = f"host=127.0.0.1 port=5432 user={user} dbname=postgres"
-        if _reachable(dsn):
-            return dsn, None
-    try:
-        import pgserver  # type: ignore[import-not-found]
-    except ImportError:
-        pytest.exit(
-            "no PostgreSQL reachable at 127.0.0.1:5432 and pgserver is not installed "
-            "(pip install -e '.[embedded]')",
-            returncode=3,
-        )
-    server = pgserver.get_server(tempfile.mkdtemp(prefix="cyclone-test-pg-"), cleanup_mode="stop")
-    return server.get_uri(), server
+        return find_server(env_var="CYCLONE_TEST_DSN")
+    except ConfigurationError as exc:
+        pytest.exit(str(exc), returncode=3)
 
 
 def database_dsn(admin_dsn: str, name: str) -> str:
@@ -70,11 +41,9 @@ def database_dsn(admin_dsn: str, name: str) -> str:
 @pytest.fixture(scope="session")
 def admin_dsn() -> Iterator[str]:
     """A DSN with the right to create and drop databases."""
-    dsn, server = _find_server()
-    os.environ.setdefault("CYCLONE_ADMIN_DSN", dsn)
-    yield dsn
-    if server is not None:
-        server.cleanup()
+    server = _find_server()
+    yield server.dsn
+    server.stop()
 
 
 def create_database(admin_dsn: str, *, template: str | None = None) -> str:

@@ -56,13 +56,13 @@ def _reachable(dsn: str) -> bool:
     return True
 
 
-def find_server(*, allow_embedded: bool = True) -> DevServer:
-    """A server to use: ``CYCLONE_DSN``, the local one, or an embedded one.
+def find_server(*, env_var: str = "CYCLONE_DSN", allow_embedded: bool = True) -> DevServer:
+    """A server to use: the DSN in ``env_var``, the local one, or an embedded one.
 
     Raises:
         ConfigurationError: nothing reachable and ``pgserver`` is not installed.
     """
-    given = os.environ.get("CYCLONE_DSN")
+    given = os.environ.get(env_var)
     if given:
         return DevServer(given)
     for dsn in _LOCAL:
