@@ -24,6 +24,7 @@ import cyclone
 from cyclone.devserver import DevServer, find_server
 from cyclone.errors import ConfigurationError
 
+
 def _find_server() -> DevServer:
     try:
         return find_server(env_var="CYCLONE_TEST_DSN")
