@@ -48,13 +48,14 @@ from cyclone.errors import (
 )
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate_async
-from cyclone.notify import Listener, Publisher
+from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
 from cyclone.options import Duration, check_int, check_queue, seconds
 from cyclone.producer import (
     EnqueueRequest,
     KindTarget,
     enqueue_many_stmt,
     enqueue_plan,
+    enqueue_stmt,
     enqueued_from_rows,
 )
 from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
@@ -510,11 +511,35 @@ class Client:
         """
         request = self.config.request(kind, input, **options)
         async with self._connection() as conn:
+            if request.unique_key is None:
+                rows = await self._insert(conn, enqueue_stmt(request), request.queue)
+                return enqueued_from_rows(rows)[0]
             result = await run_plan_async(conn, enqueue_plan(request))
         if not result.duplicate:
-            assert self._publisher is not None
-            self._publisher.available((request.queue,))
+            self._announce(request.queue)
         return result
+
+    async def _insert(
+        self, conn: psycopg.AsyncConnection[Any], stmt: Stmt, queue: str
+    ) -> list[tuple[Any, ...]]:
+        """Run an insert in its own transaction, and announce its queue after commit.
+
+        On an autocommit connection with no coalescing window, the wakeup follows the
+        COMMIT in the same pipeline flush: one round trip for both.
+        """
+        if conn.autocommit and not self.notify_coalesce:
+            wakeup = wakeup_statement((queue,), ())
+            after = [wakeup] if wakeup else []
+            return (await batch_async(conn, [stmt], transaction=True, after=after))[0]
+        rows = await fetch_async(conn, stmt)
+        if not conn.autocommit:
+            await conn.commit()
+        self._announce(queue)
+        return rows
+
+    def _announce(self, queue: str) -> None:
+        assert self._publisher is not None
+        self._publisher.available((queue,))
 
     async def enqueue_tx(
         self,
@@ -550,9 +575,7 @@ class Client:
         if not inputs:
             return []
         async with self._connection() as conn:
-            rows = await fetch_async(conn, enqueue_many_stmt(request))
-        assert self._publisher is not None
-        self._publisher.available((request.queue,))
+            rows = await self._insert(conn, enqueue_many_stmt(request), request.queue)
         return enqueued_from_rows(rows)
 
     async def enqueue_many_tx(
@@ -623,12 +646,12 @@ class Client:
         run_id = run_id_of(run)
         await self._open()
         async with self._engine_pool.connection() as conn:
-            rows = await batch_async(conn, _cancel_stmts(run_id), transaction=True)
+            rows = await batch_async(
+                conn, _cancel_stmts(run_id), transaction=True, after=[runs_done_statement([run_id])]
+            )
         if not rows[-1]:
             current = await self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")
-        assert self._publisher is not None
-        self._publisher.run_done((run_id,))
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
         """Block until the run is terminal; the terminal :class:`Run`.

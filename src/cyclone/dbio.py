@@ -8,11 +8,15 @@ plan runs on a ``psycopg.Connection`` or a ``psycopg.AsyncConnection``, so the s
 async paths cannot drift apart (style.md, Keep I/O out of the core).
 
 A batch with ``transaction=True`` is sent as ``BEGIN; ...; COMMIT`` in one pipeline
-flush on an autocommit connection: one round trip for a whole transaction.
+flush on an autocommit connection: one round trip for a whole transaction. Statements
+given as ``after`` follow the ``COMMIT`` in the same flush, in a transaction of their
+own: that is how wakeups are sent after (never inside) the transaction they announce,
+at no extra round trip. They are best effort: their failure is logged, not raised.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
@@ -33,6 +37,8 @@ __all__ = [
     "run_plan_async",
     "run_plan_sync",
 ]
+
+log = logging.getLogger("cyclone.dbio")
 
 T = TypeVar("T")
 Rows = list[tuple[Any, ...]]
@@ -80,38 +86,70 @@ def fetch_dicts_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[dict[str
 
 
 async def batch_async(
-    conn: psycopg.AsyncConnection[Any], stmts: Sequence[Stmt], *, transaction: bool
+    conn: psycopg.AsyncConnection[Any],
+    stmts: Sequence[Stmt],
+    *,
+    transaction: bool,
+    after: Sequence[Stmt] = (),
 ) -> list[Rows]:
     """Run statements in one pipeline flush; the rows of each, in order.
 
     With ``transaction=True`` the connection must be in autocommit mode; the batch runs
-    between ``BEGIN`` and ``COMMIT``. Without it the statements join the connection's
-    current transaction (a caller's, or a completion transaction).
+    between ``BEGIN`` and ``COMMIT``, and the ``after`` statements run once it has
+    committed (best effort). Without it the statements join the connection's current
+    transaction (a caller's, or a completion transaction) and ``after`` must be empty.
     """
-    if transaction and not conn.autocommit:
-        raise RuntimeError("a transactional batch needs an autocommit connection")
-    async with conn.pipeline():
-        if transaction:
-            await conn.execute(_BEGIN)
-        cursors = [await conn.execute(s.sql, s.params) for s in stmts]
-        if transaction:
-            await conn.execute(_COMMIT)
+    _check_batch(conn.autocommit, transaction, after)
+    cursors: list[psycopg.AsyncCursor[Any]] = []
+    commit: psycopg.AsyncCursor[Any] | None = None
+    try:
+        async with conn.pipeline():
+            if transaction:
+                await conn.execute(_BEGIN)
+            cursors = [await conn.execute(s.sql, s.params) for s in stmts]
+            if transaction:
+                commit = await conn.execute(_COMMIT)
+            for stmt in after:
+                await conn.execute(stmt.sql, stmt.params)
+    except psycopg.Error as exc:
+        if not after or commit is None or commit.statusmessage != "COMMIT":
+            raise
+        log.warning("statement after commit failed (best effort): %s", exc)
     return [await c.fetchall() if c.description is not None else [] for c in cursors]
 
 
 def batch_sync(
-    conn: psycopg.Connection[Any], stmts: Sequence[Stmt], *, transaction: bool
+    conn: psycopg.Connection[Any],
+    stmts: Sequence[Stmt],
+    *,
+    transaction: bool,
+    after: Sequence[Stmt] = (),
 ) -> list[Rows]:
     """The synchronous twin of :func:`batch_async`."""
-    if transaction and not conn.autocommit:
-        raise RuntimeError("a transactional batch needs an autocommit connection")
-    with conn.pipeline():
-        if transaction:
-            conn.execute(_BEGIN)
-        cursors = [conn.execute(s.sql, s.params) for s in stmts]
-        if transaction:
-            conn.execute(_COMMIT)
+    _check_batch(conn.autocommit, transaction, after)
+    cursors: list[psycopg.Cursor[Any]] = []
+    commit: psycopg.Cursor[Any] | None = None
+    try:
+        with conn.pipeline():
+            if transaction:
+                conn.execute(_BEGIN)
+            cursors = [conn.execute(s.sql, s.params) for s in stmts]
+            if transaction:
+                commit = conn.execute(_COMMIT)
+            for stmt in after:
+                conn.execute(stmt.sql, stmt.params)
+    except psycopg.Error as exc:
+        if not after or commit is None or commit.statusmessage != "COMMIT":
+            raise
+        log.warning("statement after commit failed (best effort): %s", exc)
     return [c.fetchall() if c.description is not None else [] for c in cursors]
+
+
+def _check_batch(autocommit: bool, transaction: bool, after: Sequence[Stmt]) -> None:
+    if transaction and not autocommit:
+        raise RuntimeError("a transactional batch needs an autocommit connection")
+    if after and not transaction:
+        raise RuntimeError("statements after commit need a transactional batch")
 
 
 async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:

@@ -29,10 +29,12 @@ from cyclone.sql import Q
 
 __all__ = [
     "AVAILABLE",
+    "MAX_RUNS_PER_NOTIFY",
     "RUN_DONE",
     "Listener",
     "Publisher",
     "publish_sync",
+    "runs_done_statement",
     "wakeup_statement",
 ]
 
@@ -68,6 +70,15 @@ def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | No
     if not channels:
         return None
     return Stmt(Q.notify_publish, {"channels": channels, "payloads": payloads})
+
+
+def runs_done_statement(run_ids: Iterable[int]) -> Stmt:
+    """``notify_runs_done`` for ``run_ids`` (at most ``MAX_RUNS_PER_NOTIFY``)."""
+    return Stmt(Q.notify_runs_done, {"ids": list(run_ids)})
+
+
+MAX_RUNS_PER_NOTIFY = 300
+"""Run ids one ``notify_runs_done`` may carry and stay under the payload limit."""
 
 
 def publish_sync(

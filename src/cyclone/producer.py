@@ -26,6 +26,7 @@ __all__ = [
     "KindTarget",
     "enqueue_many_stmt",
     "enqueue_plan",
+    "enqueue_stmt",
     "enqueued_from_rows",
 ]
 
@@ -147,6 +148,11 @@ def enqueue_plan(request: EnqueueRequest) -> Plan[Enqueued]:
             step_id, run_id = rows[0]
             return Enqueued(run_id=run_id, step_id=step_id, duplicate=True)
     raise StateError(f"unique_key {request.unique_key!r} of kind {request.kind!r} kept changing")
+
+
+def enqueue_stmt(request: EnqueueRequest) -> Stmt:
+    """The one statement of an enqueue without ``unique_key`` (it always inserts)."""
+    return Stmt(Q.steps_enqueue, request.params)
 
 
 def enqueue_many_stmt(request: EnqueueRequest) -> Stmt:

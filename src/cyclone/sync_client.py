@@ -23,9 +23,15 @@ from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_pla
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate
-from cyclone.notify import RUN_DONE, publish_sync
+from cyclone.notify import RUN_DONE, publish_sync, runs_done_statement, wakeup_statement
 from cyclone.options import Duration, seconds
-from cyclone.producer import KindTarget, enqueue_many_stmt, enqueue_plan, enqueued_from_rows
+from cyclone.producer import (
+    KindTarget,
+    enqueue_many_stmt,
+    enqueue_plan,
+    enqueue_stmt,
+    enqueued_from_rows,
+)
 from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
 from cyclone.sql import Q
 from cyclone.states import RunState
@@ -41,7 +47,7 @@ class SyncClient:
         handlers: kinds whose default options (queue, priority, ...) ``enqueue`` applies
             when given their name.
         poll_interval: seconds between polls of :meth:`wait` (default 1).
-        notify: publish wakeups and LISTEN in :meth:`wait` (default True).
+        notify: LISTEN in :meth:`wait` (default True); wakeups are published either way.
         schema: the Postgres schema Cyclone lives in (default ``public``).
         retention: default time a finished run is kept (default 7 days).
         max_connections: size of the client's own pool (default 4).
@@ -142,12 +148,29 @@ class SyncClient:
         """Enqueue a standalone run of one step (see ``Client.enqueue``)."""
         request = self.config.request(kind, input, **options)
         with self._connection() as conn:
+            if request.unique_key is None:
+                return enqueued_from_rows(self._insert(conn, enqueue_stmt(request), request.queue))[
+                    0
+                ]
             result = run_plan_sync(conn, enqueue_plan(request))
             if not conn.autocommit:
                 conn.commit()
             if not result.duplicate:
                 self._publish(conn, (request.queue,), ())
         return result
+
+    def _insert(
+        self, conn: psycopg.Connection[Any], stmt: Stmt, queue: str
+    ) -> list[tuple[Any, ...]]:
+        """Run an insert in its own transaction; its wakeup follows the commit."""
+        if conn.autocommit:
+            wakeup = wakeup_statement((queue,), ())
+            return batch_sync(conn, [stmt], transaction=True, after=[wakeup] if wakeup else [])[0]
+        rows = fetch_sync(conn, stmt)
+        if not conn.autocommit:
+            conn.commit()
+        self._publish(conn, (queue,), ())
+        return rows
 
     def enqueue_tx(
         self, conn: psycopg.Connection[Any], kind: KindTarget, input: Any = None, **options: Any
@@ -167,10 +190,7 @@ class SyncClient:
         if not inputs:
             return []
         with self._connection() as conn:
-            rows = fetch_sync(conn, enqueue_many_stmt(request))
-            if not conn.autocommit:
-                conn.commit()
-            self._publish(conn, (request.queue,), ())
+            rows = self._insert(conn, enqueue_many_stmt(request), request.queue)
         return enqueued_from_rows(rows)
 
     def enqueue_many_tx(
@@ -235,12 +255,13 @@ class SyncClient:
         run_id = run_id_of(run)
         with self._connection() as conn:
             if conn.autocommit:
-                rows = batch_sync(conn, _cancel_stmts(run_id), transaction=True)
+                announce = [runs_done_statement([run_id])]
+                rows = batch_sync(conn, _cancel_stmts(run_id), transaction=True, after=announce)
             else:
                 with conn.transaction():
                     rows = batch_sync(conn, _cancel_stmts(run_id), transaction=False)
-            if rows[-1]:
-                self._publish(conn, (), (run_id,))
+                if rows[-1]:
+                    self._publish(conn, (), (run_id,))
         if not rows[-1]:
             current = self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")

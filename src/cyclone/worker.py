@@ -31,7 +31,7 @@ from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.handlers import Handler
-from cyclone.notify import Publisher
+from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.transitions import (
@@ -151,10 +151,11 @@ class _Completer:
         self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
     ) -> None:
         stmts = complete_stmts(self._owner, [(step, output) for step, output, _ in batch])
+        announce = [runs_done_statement({step.run_id for step, _, _ in batch})]
         for attempt in range(_WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
-                    rows = await batch_async(conn, stmts, transaction=True)
+                    rows = await batch_async(conn, stmts, transaction=True, after=announce)
                 break
             except Exception as exc:
                 if attempt == _WRITE_RETRIES - 1:
@@ -196,7 +197,9 @@ class Worker:
         self._held: dict[tuple[int, int], _Held] = {}  # by (step id, generation)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._completer = _Completer(pool, settings.owner, batch=max(10, settings.claim_batch))
+        self._completer = _Completer(
+            pool, settings.owner, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch))
+        )
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
         self._stopping = False
@@ -375,11 +378,14 @@ class Worker:
         step, ctx = held.step, held.ctx
         failure: Failure | None = None
         output: str | None = None
-        timeout_cm = asyncio.timeout(step.timeout)
+        timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
         held.in_handler = True
         try:
-            async with timeout_cm:
+            if timeout_cm is None:
                 value = await handler.fn(ctx, handler.codec.decode(step.input))
+            else:
+                async with timeout_cm:
+                    value = await handler.fn(ctx, handler.codec.decode(step.input))
             output = self._encode_output(handler, value)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -391,7 +397,7 @@ class Worker:
             log.info("step %d (%s): lease lost, handler cancelled", step.id, step.kind)
             return
         except Exception as exc:
-            timed_out = timeout_cm.expired() and isinstance(exc, TimeoutError)
+            timed_out = timeout_cm is not None and timeout_cm.expired()
             failure = decide_failure(
                 step,
                 exc,
@@ -508,11 +514,10 @@ class Worker:
         self._after_completion(held, run_finished=step.run_id in finished)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:
-        completed, run_finished = await self._completer.complete(held.step, output)
+        completed, _ = await self._completer.complete(held.step, output)
         if not completed:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
-            return
-        self._after_completion(held, run_finished=run_finished)
+        # the completer announced finished runs after its commit
 
     def _after_completion(self, held: _Held, *, run_finished: bool) -> None:
         if held.ctx._wakeups:
@@ -523,7 +528,8 @@ class Worker:
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step
         stmts, transaction = failure_stmts(self.settings.owner, step, failure)
-        rows = await self._write(stmts, transaction=transaction)
+        announce = [runs_done_statement([step.run_id])] if failure.discard else []
+        rows = await self._write(stmts, transaction=transaction, after=announce)
         if rows is None:
             return
         if not rows[0 if not transaction else 1]:
@@ -531,8 +537,6 @@ class Worker:
             return
         if failure.discard:
             log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
-            if rows[-1]:
-                self._publisher.run_done((step.run_id,))
         else:
             # Nothing announces the end of a backoff: wake this queue then ourselves.
             asyncio.get_running_loop().call_later(failure.delay, self.wake, step.queue)
@@ -545,12 +549,14 @@ class Worker:
                 failure.error,
             )
 
-    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
+    async def _write(
+        self, stmts: list[Stmt], *, transaction: bool, after: list[Stmt]
+    ) -> list[Any] | None:
         """Run engine statements with retries; ``None`` if they could not be written."""
         for attempt in range(_WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
-                    return await batch_async(conn, stmts, transaction=transaction)
+                    return await batch_async(conn, stmts, transaction=transaction, after=after)
             except Exception as exc:
                 log.warning("engine write failed (attempt %d): %s", attempt + 1, exc)
                 await asyncio.sleep(error_backoff(attempt))

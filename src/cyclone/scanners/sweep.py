@@ -20,7 +20,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
-from cyclone.notify import Publisher
+from cyclone.notify import Publisher, runs_done_statement
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
 
@@ -83,13 +83,15 @@ class Sweeper:
                 max_reclaims=self.max_reclaims,
             )
             async with self._pool.connection() as conn:
-                result = await batch_async(conn, stmts, transaction=is_discard)
+                if is_discard:
+                    announce = [runs_done_statement([run_id])]
+                    result = await batch_async(conn, stmts, transaction=True, after=announce)
+                else:
+                    result = await batch_async(conn, stmts, transaction=False)
             if is_discard:
                 if result[1]:
                     discarded += 1
                     log.warning("step %d discarded: reclaim limit reached", step_id)
-                    if result[2]:
-                        self._publisher.run_done((run_id,))
             elif result[0]:
                 reclaimed += 1
                 log.info(

@@ -10,6 +10,16 @@ SELECT pg_notify(t.channel, t.payload)
 FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS t (channel, payload);
 
 
+-- name: notify_runs_done
+-- Announce which of the given runs are terminal now. Sent after the transaction that
+-- ended them (as a statement after its COMMIT), so a listener that wakes sees them.
+SELECT pg_notify('cyclone_run_done', json_build_object('runs', array_agg(id ORDER BY id))::text)
+FROM cyclone_runs
+WHERE id = ANY(%(ids)s::bigint[])
+  AND state IN ('completed', 'failed', 'cancelled')
+HAVING count(*) > 0;
+
+
 -- name: notify_listen
 -- Subscribe the listener connection to both channels.
 LISTEN cyclone_available;
