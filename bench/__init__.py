@@ -1,0 +1,16 @@
+"""Cyclone's benchmarks, measured against the raw-PostgreSQL limit on the same machine.
+
+``python -m bench.jobs`` is the job-engine benchmark: it measures the raw limit with
+pgbench and the shared scripts (:mod:`bench.raw`), then Cyclone's enqueue rates, no-op
+throughput with worker processes and wake latency, and prints each Cyclone figure next
+to its raw limit, the ratio and the target. Every run works in throwaway databases it
+creates and drops, and writes its figures to ``bench/results/jobs-<timestamp>.json``.
+
+Modules:
+
+* :mod:`bench.jobs`: the command, the Cyclone measurements and the report;
+* :mod:`bench.raw`: the pgbench runs (also ``python -m bench.raw`` on its own);
+* :mod:`bench.workers`: the worker processes (started with multiprocessing, spawn);
+* :mod:`bench.db`: throwaway databases and connection strings;
+* :mod:`bench.report`: percentiles, the comparison table and the profile summary.
+"""
