@@ -37,6 +37,7 @@ from cyclone.dbio import (
     batch_async,
     fetch_async,
     fetch_dicts_async,
+    int_array,
     run_plan_async,
 )
 from cyclone.errors import (
@@ -697,7 +698,10 @@ class Client:
 
 
 def _cancel_stmts(run_id: int) -> list[Stmt]:
-    return [Stmt(Q.runs_lock, {"ids": [run_id]}), Stmt(Q.runs_cancel, {"run_id": run_id})]
+    return [
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(Q.runs_cancel, {"run_id": run_id}),
+    ]
 
 
 def _list_params(

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.dbio import Stmt, fetch_async, fetch_sync, int_array
 from cyclone.sql import Q
 
 __all__ = [
@@ -74,7 +74,7 @@ def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | No
 
 def runs_done_statement(run_ids: Iterable[int]) -> Stmt:
     """``notify_runs_done`` for ``run_ids`` (at most ``MAX_RUNS_PER_NOTIFY``)."""
-    return Stmt(Q.notify_runs_done, {"ids": list(run_ids)})
+    return Stmt(Q.notify_runs_done, {"run_ids": int_array(run_ids)})
 
 
 MAX_RUNS_PER_NOTIFY = 300

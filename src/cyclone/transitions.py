@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Rows, Stmt
+from cyclone.dbio import Rows, Stmt, int_array
 from cyclone.errors import Discard
 from cyclone.options import micros
 from cyclone.retry import RetryPolicy
@@ -107,20 +107,19 @@ def heartbeat_stmt(step: Claimed, *, owner: str, ttl: float) -> Stmt:
 def complete_stmts(owner: str, items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
     """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
 
+    Each output is JSON text made by ``encode_json``; the batch travels as one JSON
+    text of ``[id, generation, output]`` triples.
+
     Returns the statements for one transaction; the last one's rows go to
     :func:`parse_completed`.
     """
+    triples = ",".join(
+        f"[{step.id},{step.generation},{'null' if output is None else output}]"
+        for step, output in items
+    )
     return [
-        Stmt(Q.runs_lock, {"ids": sorted({step.run_id for step, _ in items})}),
-        Stmt(
-            Q.steps_complete,
-            {
-                "ids": [step.id for step, _ in items],
-                "generations": [step.generation for step, _ in items],
-                "outputs": [output for _, output in items],
-                "owner": owner,
-            },
-        ),
+        Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})}),
+        Stmt(Q.steps_complete, {"steps": f"[{triples}]", "owner": owner}),
     ]
 
 
@@ -192,7 +191,7 @@ def failure_stmts(owner: str, step: Claimed, failure: Failure) -> tuple[list[Stm
     if not failure.discard:
         return [Stmt(Q.steps_retry, {**params, "delay_us": micros(failure.delay)})], False
     return [
-        Stmt(Q.runs_lock, {"ids": [step.run_id]}),
+        Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(Q.steps_discard, params),
         Stmt(Q.runs_fail_fast, {"run_id": step.run_id, "step_id": step.id}),
     ], True
@@ -247,7 +246,7 @@ def reclaim_stmts(
             )
         ], False
     return [
-        Stmt(Q.runs_lock, {"ids": [run_id]}),
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
         Stmt(
             Q.steps_reclaim_discard,
             {

@@ -9,7 +9,7 @@
 -- Lock run rows in id order for the rest of the transaction.
 SELECT id
 FROM cyclone_runs
-WHERE id = ANY(%(ids)s::bigint[])
+WHERE id = ANY(%(run_ids)s::bigint[])
 ORDER BY id
 FOR UPDATE;
 

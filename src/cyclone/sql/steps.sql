@@ -176,11 +176,14 @@ RETURNING id;
 -- name: steps_complete
 -- Complete held steps, each row guarded by its own CAS, and finish every run left with
 -- no active step. Runs in the transaction that locked those runs (runs_lock), after the
--- handler's completion_tx() writes when there are any.
+-- handler's completion_tx() writes when there are any. %(steps)s is a JSON array of
+-- [id, lease generation, output] triples (one text parameter for the whole batch); a
+-- null output is stored as SQL NULL.
 WITH v AS (
-    SELECT *
-    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(outputs)s::jsonb[])
-        AS v (id, generation, output)
+    SELECT (e ->> 0)::bigint AS id,
+           (e ->> 1)::bigint AS generation,
+           nullif(e -> 2, 'null'::jsonb) AS output
+    FROM jsonb_array_elements(%(steps)s::jsonb) AS e
 ), done AS (
     UPDATE cyclone_steps s
     SET state = 'completed',
