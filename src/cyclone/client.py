@@ -183,8 +183,9 @@ class Client:
             crashed worker. Heartbeats renew it every ``lease_ttl / 3``.
         poll_interval: seconds between polls when no wakeup comes (default 1).
         notify: LISTEN for wakeups (default True). False: poll only; still publishes.
-        notify_coalesce: seconds to gather more wakeups before each NOTIFY (default 0:
-            only requests that arrive while a NOTIFY is in flight are folded).
+        notify_coalesce: the wakeup window per queue (default 0.001 s): a queue not
+            announced within the window is announced at once, later requests in the
+            window fold into one NOTIFY at its end. 0: one NOTIFY per request.
         max_reclaims: reclaims a step may take before it is discarded with
             ``reclaim_limit`` (default 5).
         tx_slots: completion transactions open at once (default: the total of slots).
@@ -212,7 +213,7 @@ class Client:
         lease_ttl: Duration = 30.0,
         poll_interval: Duration = 1.0,
         notify: bool = True,
-        notify_coalesce: Duration = 0.0,
+        notify_coalesce: Duration = 0.001,
         max_reclaims: int = 5,
         tx_slots: int | None = None,
         max_connections: int | None = None,
@@ -525,10 +526,13 @@ class Client:
     ) -> list[tuple[Any, ...]]:
         """Run an insert in its own transaction, and announce its queue after commit.
 
-        On an autocommit connection with no coalescing window, the wakeup follows the
-        COMMIT in the same pipeline flush: one round trip for both.
+        When the publisher says this queue's wakeup is due now (its leading edge), the
+        NOTIFY follows the COMMIT in the same message: one round trip for both.
+        Otherwise the insert runs alone (a prepared statement) and the wakeup is folded
+        into the publisher's next one for the queue.
         """
-        if conn.autocommit and not self.notify_coalesce:
+        assert self._publisher is not None
+        if conn.autocommit and self._publisher.lead(queue):
             wakeup = wakeup_statement((queue,), ())
             after = [wakeup] if wakeup else []
             return (await batch_async(conn, [stmt], transaction=True, after=after))[0]

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -94,18 +95,25 @@ def publish_sync(
 
 
 class Publisher:
-    """Sends wakeups from a background task, folding requests that arrive together.
+    """Sends wakeups from a background task: at most one per queue per window.
 
-    :meth:`available` and :meth:`run_done` never block and never fail: they record the
-    request and the task sends it. While one NOTIFY transaction is in flight, new
-    requests gather and go out together in the next one; ``coalesce`` seconds (default
-    0) adds a window to gather more before each send. A lone request is sent at once.
+    ``coalesce`` seconds is the window. A queue not announced within the last window is
+    announced at once (the leading edge: an enqueue carries that NOTIFY in the same
+    message as its insert, after its COMMIT, see :meth:`lead`); requests inside the
+    window fold into one wakeup at its end (the trailing edge, still after every commit
+    it announces). A lone enqueue therefore wakes workers at once, and a busy producer
+    sends a few NOTIFYs per window instead of one per job. Requests that arrive while a
+    NOTIFY is in flight also fold into the next one. :meth:`available` and
+    :meth:`run_done` never block and never fail.
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, coalesce: float = 0.0) -> None:
         self._pool = pool
         self._coalesce = coalesce
-        self._queues: set[str] = set()
+        self._last: dict[str, float] = {}  # loop time of the latest wakeup per queue
+        self._queues: set[str] = set()  # to send now
+        self._later: set[str] = set()  # to send at the end of their window
+        self._timer: asyncio.TimerHandle | None = None
         self._runs: set[int] = set()
         self._pending = asyncio.Event()
         self._idle = asyncio.Event()
@@ -117,10 +125,38 @@ class Publisher:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="cyclone-publisher")
 
+    def lead(self, queue: str) -> bool:
+        """True if the caller should send the wakeup of ``queue`` itself, right after
+        its commit (nothing was announced for the queue within the window); it then
+        counts as sent now."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last.get(queue, -math.inf) >= self._coalesce:
+            self._last[queue] = now
+            return True
+        return False
+
     def available(self, queues: Iterable[str]) -> None:
-        """Announce that work became claimable in ``queues``."""
-        self._queues.update(queues)
+        """Announce (after commit) that work became claimable in ``queues``."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        soonest: float | None = None
+        for queue in queues:
+            wait = self._last.get(queue, -math.inf) + self._coalesce - now
+            if wait <= 0:
+                self._last[queue] = now
+                self._queues.add(queue)
+            else:
+                self._later.add(queue)
+                soonest = wait if soonest is None else min(soonest, wait)
+        if soonest is not None and self._timer is None:
+            self._idle.clear()
+            self._timer = loop.call_later(soonest, self._window_over)
         self._kick()
+
+    def _window_over(self) -> None:
+        self._timer = None
+        later, self._later = self._later, set()
+        self.available(later)
 
     def run_done(self, run_ids: Iterable[int]) -> None:
         """Announce that runs became terminal."""
@@ -140,7 +176,13 @@ class Publisher:
         await self._idle.wait()
 
     async def close(self) -> None:
-        """Send what is pending and stop the task."""
+        """Send what is pending (trailing wakeups included) and stop the task."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._queues |= self._later
+            self._later = set()
+            self._kick()
         if self._task is not None:
             await self.flush()
             self._task.cancel()
@@ -151,11 +193,9 @@ class Publisher:
     async def _run(self) -> None:
         while True:
             await self._pending.wait()
-            if self._coalesce > 0:
-                await asyncio.sleep(self._coalesce)
             self._pending.clear()
             await self._send_pending()
-            if not self._pending.is_set():
+            if not self._pending.is_set() and self._timer is None:
                 self._idle.set()
 
     async def _send_pending(self) -> None:
