@@ -150,3 +150,34 @@ async def test_worker_wakes_only_for_its_queues(dsn: str) -> None:
         worker.wake("not-served")
         woken_after = {name for name, q in worker._queues.items() if q.wake.is_set()}
     assert woken == {"b"} and woken_after == {"b"}
+
+
+async def test_a_burst_of_enqueues_folds_into_few_wakeups(dsn: str) -> None:
+    """Within the wakeup window a busy producer sends one NOTIFY for the first job and
+    one at the window's end for the rest; with no window, one per job."""
+    listen = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    async with listen:
+        await listen.execute("LISTEN cyclone_available")
+        async with cyclone.Client(dsn, notify_coalesce=0.5) as producer:
+            for i in range(30):
+                await producer.enqueue("echo", i)
+            last = await producer.enqueue("echo", "last")
+        folded = [n async for n in listen.notifies(timeout=2)]
+        async with cyclone.Client(dsn, notify_coalesce=0) as producer:
+            for i in range(10):
+                await producer.enqueue("echo", i)
+        each = [n async for n in listen.notifies(timeout=2)]
+    assert 1 <= len(folded) <= 3
+    assert len(each) == 10
+    assert last.run_id > 0
+
+
+async def test_trailing_wakeup_reaches_an_idle_worker(dsn: str) -> None:
+    """Jobs enqueued inside the window are announced at its end: an idle worker that
+    never polls in time still runs them all."""
+    async with cyclone.Client(dsn, handlers=[echo], poll_interval=3600) as worker:
+        await apoll_until(lambda: asyncio.sleep(0, worker.listening), what="LISTEN up")
+        async with cyclone.Client(dsn, notify_coalesce=0.3) as producer:
+            jobs = [await producer.enqueue("echo", i) for i in range(5)]
+            runs = [await producer.wait(job, timeout=30) for job in jobs]
+    assert [r.result for r in runs] == list(range(5))
