@@ -85,8 +85,10 @@ ORDER BY step.run_id;
 -- name: steps_claim
 -- engine-design, The Claiming Algorithm: lock up to %(limit)s due, available steps of
 -- one queue and of the kinds this worker registers, highest priority first, then
--- earliest scheduled_at, then insertion order; skip rows other workers hold; move them
--- to running under a lease the database clock computes from the TTL.
+-- earliest scheduled_at; skip rows other workers hold; move them to running under a
+-- lease the database clock computes from the TTL. The ORDER BY is exactly the order of
+-- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
+-- equal keys come in index (insertion) order.
 -- A sequenced step (sequence_key) is claimable only at the head of its key: no other
 -- active step of the key is running, has been started before (a failed attempt or a
 -- reclaim), or comes earlier by (scheduled_at, id). steps_sequence_release rechecks
@@ -106,7 +108,7 @@ WITH claimable AS (
                 AND e.id <> s.id
                 AND (e.state = 'running' OR e.attempt > 0 OR e.reclaims > 0
                      OR (e.scheduled_at, e.id) < (s.scheduled_at, s.id))))
-    ORDER BY s.priority DESC, s.scheduled_at, s.id
+    ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 )
