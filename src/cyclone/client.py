@@ -5,9 +5,13 @@ python-api.md, Client. A client built with handlers runs workers when started
 connection. A client with no handlers never claims or scans; it only enqueues and
 inspects. Connections (decisions.md, Connections and pools):
 
-* the engine pool, ``ENGINE_RESERVE - 1`` autocommit connections for claims,
-  heartbeats, completions without a completion transaction, the sweep, wakeups, and the
-  producer and inspection calls when no pool is passed in;
+* the lease pool, 2 autocommit connections for claims and heartbeats, which commit
+  without waiting for the WAL flush (``synchronous_commit = off``): a claim lost in a
+  server crash only makes its step claimable again (its handler's completion is fenced
+  by the generation), so the claim path skips one disk flush;
+* the engine pool, 3 autocommit connections (5 without handlers) for completions
+  without a completion transaction, failures, the sweep, wakeups, and the producer and
+  inspection calls when no pool is passed in;
 * one LISTEN connection;
 * the handler pools for completion transactions, ``max_connections - 6`` in all, of which
   ``tx_slots`` may be in a transaction at once. The engine's six are never lent to them.
@@ -70,7 +74,9 @@ __all__ = ["ENGINE_RESERVE", "Client", "ClientConfig", "WakeupTracker"]
 log = logging.getLogger("cyclone.client")
 
 ENGINE_RESERVE = 6
-"""Connections kept for the engine: 5 in the engine pool and the LISTEN connection."""
+"""Connections kept for the engine: the lease pool, the engine pool and LISTEN."""
+LEASE_CONNECTIONS = 2
+"""Connections of the lease pool (claims and heartbeats)."""
 DEFAULT_SLOTS = 10
 """Worker slots of each queue of the registered kinds when ``queues`` is not given."""
 
@@ -284,13 +290,27 @@ class Client:
         else:
             self._pool_sizes = (handler_budget if n_async else 0, handler_budget if n_sync else 0)
 
+        engine_size = ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if handler_list else 0)
         self._engine_pool = AsyncConnectionPool(
             self._engine_conninfo,
             min_size=1,
-            max_size=ENGINE_RESERVE - 1,
+            max_size=engine_size,
             kwargs={"autocommit": True},
             open=False,
             name="cyclone-engine",
+        )
+        self._lease_pool = AsyncConnectionPool(
+            engine_conninfo(
+                base,
+                schema=schema,
+                application_name="cyclone-lease",
+                settings={"synchronous_commit": "off"},
+            ),
+            min_size=1,
+            max_size=LEASE_CONNECTIONS,
+            kwargs={"autocommit": True},
+            open=False,
+            name="cyclone-lease",
         )
         self._async_tx_pool: AsyncConnectionPool[Any] | None = None
         self._sync_tx_pool: ConnectionPool[Any] | None = None
@@ -339,6 +359,7 @@ class Client:
         if not self.config.handlers:
             return
         loop = asyncio.get_running_loop()
+        await self._lease_pool.open(wait=True)
         async_size, sync_size = self._pool_sizes
         if async_size:
             self._async_tx_pool = AsyncConnectionPool(
@@ -370,6 +391,7 @@ class Client:
             ),
             handlers=self.config.handlers,
             pool=self._engine_pool,
+            lease_pool=self._lease_pool,
             slots=TxSlots(self.tx_slots, loop),
             tx_pools=(self._async_tx_pool, self._sync_tx_pool),
             publisher=self._publisher,
@@ -427,6 +449,8 @@ class Client:
         if self._sync_tx_pool is not None:
             await asyncio.to_thread(self._sync_tx_pool.close)
             self._sync_tx_pool = None
+        if self._started and self.config.handlers:
+            await self._lease_pool.close()
         if self._opened:
             await self._engine_pool.close()
         self._opened = False

@@ -180,6 +180,7 @@ class Worker:
         *,
         handlers: Mapping[str, Handler],
         pool: AsyncConnectionPool[Any],
+        lease_pool: AsyncConnectionPool[Any],
         slots: TxSlots,
         tx_pools: tuple[Any, Any],
         publisher: Publisher,
@@ -189,6 +190,7 @@ class Worker:
         self._handlers = dict(handlers)
         self._kinds = sorted(self._handlers)
         self._pool = pool
+        self._lease_pool = lease_pool
         self._slots = slots
         self._async_tx_pool, self._sync_tx_pool = tx_pools
         self._publisher = publisher
@@ -314,7 +316,7 @@ class Worker:
             ttl=self.settings.lease_ttl,
             limit=limit,
         )
-        async with self._pool.connection() as conn:
+        async with self._lease_pool.connection() as conn:
             claimed = parse_claimed(await fetch_async(conn, stmt), queue.name)
             sequenced = [step for step in claimed if step.sequence_key is not None]
             if sequenced:
@@ -578,7 +580,7 @@ class Worker:
     async def _heartbeat(self, held: _Held) -> None:
         step = held.step
         try:
-            async with self._pool.connection() as conn:
+            async with self._lease_pool.connection() as conn:
                 rows = await fetch_async(
                     conn,
                     heartbeat_stmt(step, owner=self.settings.owner, ttl=self.settings.lease_ttl),
