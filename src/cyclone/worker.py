@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +80,8 @@ class _Held:
     step: Claimed
     ctx: Context
     task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.TimerHandle | None = None  # its own next heartbeat
+    batch_timer: asyncio.TimerHandle | None = None  # the first heartbeat of its claim
     in_handler: bool = False
     lost: bool = False  # a heartbeat found the lease gone
     released: bool = False  # given back at shutdown
@@ -252,8 +253,9 @@ class Worker:
             for held in leftover:
                 held.released = True
                 held.ctx._cancelled = True
-                if held.timer is not None:
-                    held.timer.cancel()
+                for timer in (held.timer, held.batch_timer):
+                    if timer is not None:
+                        timer.cancel()
             await self._release([held.step for held in leftover])
             for held in leftover:
                 if held.task is not None and self._handlers[held.step.kind].is_async:
@@ -297,8 +299,8 @@ class Worker:
                 log.warning("claim in queue %r failed (attempt %d): %s", queue.name, failures, exc)
                 await self._wait_wake(queue, error_backoff(failures))
                 continue
-            for step in claimed:
-                self._dispatch(queue, step)
+            if claimed:
+                self._schedule_heartbeats([self._dispatch(queue, step) for step in claimed])
             if len(claimed) < limit:
                 await self._wait_wake(queue, settings.poll_interval)
 
@@ -331,7 +333,8 @@ class Worker:
 
     # -- running a step ------------------------------------------------------------
 
-    def _dispatch(self, queue: _Queue, step: Claimed) -> None:
+    def _dispatch(self, queue: _Queue, step: Claimed) -> _Held:
+        """Start the handler of a claimed step in its own task; the step as held."""
         handler = self._handlers[step.kind]
         tx = CompletionTx(self._slots, self._async_tx_pool, self._sync_tx_pool)
         ctx = Context(
@@ -351,28 +354,25 @@ class Worker:
         held = _Held(step, ctx)
         self._held[step.id, step.generation] = held
         queue.busy += 1
-        task = asyncio.create_task(self._execute(queue, handler, held, tx))
+        run = self._execute_async if handler.is_async else self._execute_sync
+        task = asyncio.create_task(self._execute(run(handler, held, tx), queue, held))
         held.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self._schedule_heartbeat(held)
+        return held
 
-    async def _execute(
-        self, queue: _Queue, handler: Handler, held: _Held, tx: CompletionTx
-    ) -> None:
-        step = held.step
+    async def _execute(self, running: Awaitable[None], queue: _Queue, held: _Held) -> None:
+        """Run a step to its written outcome, then free its slot."""
         try:
-            if handler.is_async:
-                await self._execute_async(handler, held, tx)
-            else:
-                await self._execute_sync(handler, held, tx)
+            await running
         except Exception:
+            step = held.step
             log.exception("step %d (%s) outcome could not be recorded", step.id, step.kind)
         finally:
             held.finished = True
             if held.timer is not None:
                 held.timer.cancel()
-            self._held.pop((step.id, step.generation), None)
+            self._held.pop((held.step.id, held.step.generation), None)
             queue.busy -= 1
             queue.freed.set()
 
@@ -565,6 +565,21 @@ class Worker:
         return None
 
     # -- heartbeats ----------------------------------------------------------------
+
+    def _schedule_heartbeats(self, helds: list[_Held]) -> None:
+        """The first heartbeat of each step of a claim, TTL/3 after the claim.
+
+        One timer for the batch; when it fires, each step still held gets its own
+        heartbeat (its own guarded UPDATE) and from then on its own timer.
+        """
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.settings.lease_ttl / 3, self._batch_heartbeats_due, helds)
+        for held in helds:
+            held.batch_timer = timer
+
+    def _batch_heartbeats_due(self, helds: list[_Held]) -> None:
+        for held in helds:
+            self._heartbeat_due(held)
 
     def _schedule_heartbeat(self, held: _Held) -> None:
         loop = asyncio.get_running_loop()
