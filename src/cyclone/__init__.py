@@ -6,7 +6,8 @@ records :class:`Run`, :class:`Step` and :class:`Enqueued`, :func:`migrate`, and 
 exceptions of :mod:`cyclone.errors`.
 """
 
-from cyclone.client import Client, WakeupTracker
+from cyclone.client import Client
+from cyclone.config import WakeupTracker
 from cyclone.context import Context
 from cyclone.errors import (
     ConfigurationError,

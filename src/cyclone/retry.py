@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cyclone.errors import ValidationError
 
-__all__ = ["DEFAULT_RETRY", "RetryPolicy"]
+__all__ = ["DEFAULT_RETRY", "WRITE_RETRIES", "RetryPolicy", "error_backoff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +68,16 @@ class RetryPolicy:
 
 DEFAULT_RETRY = RetryPolicy()
 """1 s, doubling, capped at 10 minutes, with up to 50 % jitter."""
+
+
+WRITE_RETRIES = 5
+"""Attempts to write an outcome before the engine leaves the step to the sweep."""
+_ERROR_BACKOFF_CAP = 10.0  # seconds between attempts of a failing engine loop, at most
+
+
+def error_backoff(failures: int) -> float:
+    """Seconds an engine loop waits after ``failures`` consecutive errors.
+
+    0.1 s doubling, capped at 10 s: finite at any count.
+    """
+    return min(_ERROR_BACKOFF_CAP, 0.1 * 2.0 ** min(failures, 16))

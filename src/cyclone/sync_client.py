@@ -17,7 +17,7 @@ from typing import Any, Self
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cyclone.client import ClientConfig, WakeupTracker, _cancel_stmts, _list_params
+from cyclone.config import ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import engine_conninfo
 from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
@@ -35,6 +35,7 @@ from cyclone.producer import (
 from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
 from cyclone.sql import Q
 from cyclone.states import RunState
+from cyclone.transitions import cancel_stmts
 
 __all__ = ["SyncClient"]
 
@@ -238,7 +239,7 @@ class SyncClient:
         before: int | None = None,
     ) -> list[Run]:
         """Runs, newest first (see ``Client.list_runs``)."""
-        params = _list_params(state, workflow, limit, before)
+        params = list_runs_params(state, workflow, limit, before)
         with self._connection() as conn:
             rows = fetch_dicts_sync(conn, Stmt(Q.runs_list, params))
         return [Run.from_row(row) for row in rows]
@@ -256,10 +257,10 @@ class SyncClient:
         with self._connection() as conn:
             if conn.autocommit:
                 announce = [runs_done_statement([run_id])]
-                rows = batch_sync(conn, _cancel_stmts(run_id), transaction=True, after=announce)
+                rows = batch_sync(conn, cancel_stmts(run_id), transaction=True, after=announce)
             else:
                 with conn.transaction():
-                    rows = batch_sync(conn, _cancel_stmts(run_id), transaction=False)
+                    rows = batch_sync(conn, cancel_stmts(run_id), transaction=False)
                 if rows[-1]:
                     self._publish(conn, (), (run_id,))
         if not rows[-1]:

@@ -21,6 +21,7 @@ from cyclone.sql import Q
 __all__ = [
     "Claimed",
     "Failure",
+    "cancel_stmts",
     "claim_stmt",
     "complete_stmts",
     "decide_failure",
@@ -257,3 +258,11 @@ def reclaim_stmts(
         ),
         Stmt(Q.runs_fail_fast, {"run_id": run_id, "step_id": step_id}),
     ], True
+
+
+def cancel_stmts(run_id: int) -> list[Stmt]:
+    """Cancel a run and its active steps: lock the run, then ``runs_cancel``."""
+    return [
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(Q.runs_cancel, {"run_id": run_id}),
+    ]

@@ -27,6 +27,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from cyclone.completer import Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
@@ -34,6 +35,7 @@ from cyclone.handlers import Handler
 from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
+from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.transitions import (
     Claimed,
     Failure,
@@ -51,14 +53,6 @@ from cyclone.transitions import (
 __all__ = ["Worker", "WorkerSettings"]
 
 log = logging.getLogger("cyclone.worker")
-
-_WRITE_RETRIES = 5  # attempts to record an outcome before leaving the step to the sweep
-_ERROR_BACKOFF_CAP = 10.0  # seconds between attempts of a failing claim, at most
-
-
-def error_backoff(failures: int) -> float:
-    """Seconds to wait after ``failures`` consecutive errors: 0.1 s doubling, capped."""
-    return min(_ERROR_BACKOFF_CAP, 0.1 * 2.0 ** min(failures, 16))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,81 +91,6 @@ class _Queue:
     freed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class _Completer:
-    """Completes steps that have no completion transaction, many per transaction."""
-
-    def __init__(self, pool: AsyncConnectionPool[Any], owner: str, *, batch: int) -> None:
-        self._pool = pool
-        self._owner = owner
-        self._batch = batch
-        self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
-        self._ready = asyncio.Event()
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self, flushers: int) -> None:
-        self._tasks = [
-            asyncio.create_task(self._run(), name=f"cyclone-completer-{i}") for i in range(flushers)
-        ]
-
-    async def close(self) -> None:
-        """Wait until every requested completion is written, then stop."""
-        await self._idle.wait()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def complete(self, step: Claimed, output: str | None) -> tuple[bool, bool]:
-        """Complete ``step``; (completed, run finished). False: a stale completion."""
-        future: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
-        self._items.append((step, output, future))
-        self._idle.clear()
-        self._ready.set()
-        return await future
-
-    async def _run(self) -> None:
-        while True:
-            await self._ready.wait()
-            batch, self._items = self._items[: self._batch], self._items[self._batch :]
-            if not self._items:
-                self._ready.clear()
-            if batch:
-                self._in_flight += 1
-                try:
-                    await self._flush(batch)
-                finally:
-                    self._in_flight -= 1
-            if not self._items and not self._in_flight:
-                self._idle.set()
-
-    async def _flush(
-        self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
-    ) -> None:
-        stmts = complete_stmts(self._owner, [(step, output) for step, output, _ in batch])
-        announce = [runs_done_statement({step.run_id for step, _, _ in batch})]
-        for attempt in range(_WRITE_RETRIES):
-            try:
-                async with self._pool.connection() as conn:
-                    rows = await batch_async(conn, stmts, transaction=True, after=announce)
-                break
-            except Exception as exc:
-                if attempt == _WRITE_RETRIES - 1:
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
-                    return
-                log.warning("completing %d steps failed, retrying: %s", len(batch), exc)
-                await asyncio.sleep(error_backoff(attempt))
-        done, finished = parse_completed(rows[-1])
-        for step, _, future in batch:
-            if not future.done():
-                future.set_result((step.id in done, step.run_id in finished))
-
-
 class Worker:
     """Claims and runs the steps of the registered kinds in the configured queues."""
 
@@ -200,7 +119,7 @@ class Worker:
         self._held: dict[tuple[int, int], _Held] = {}  # by (step id, generation)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._completer = _Completer(
+        self._completer = Completer(
             pool, settings.owner, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch))
         )
         total = sum(settings.queues.values())
@@ -555,7 +474,7 @@ class Worker:
         self, stmts: list[Stmt], *, transaction: bool, after: list[Stmt]
     ) -> list[Any] | None:
         """Run engine statements with retries; ``None`` if they could not be written."""
-        for attempt in range(_WRITE_RETRIES):
+        for attempt in range(WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
                     return await batch_async(conn, stmts, transaction=transaction, after=after)

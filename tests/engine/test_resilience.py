@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 import cyclone
-from cyclone.worker import error_backoff
+from cyclone.retry import error_backoff
 from tests.helpers import apoll_until, scalar
 
 

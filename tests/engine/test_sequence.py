@@ -125,3 +125,22 @@ async def test_backoff_blocks_the_key_and_other_keys_run(
     assert ran.count("second") == 0 and ran.count("first") == 1
     first = db.execute("SELECT state, attempt FROM cyclone_steps ORDER BY id LIMIT 1").fetchone()
     assert first == ("available", 1)
+
+
+async def test_a_retried_step_keeps_its_place_at_the_head_of_its_key(dsn: str) -> None:
+    """A step that failed an attempt (its scheduled_at moved past the next step's) runs
+    again first, then the next one: the key neither reorders nor deadlocks."""
+    ran: list[tuple[str, int]] = []
+
+    @cyclone.action("seq_retry", retry=cyclone.RetryPolicy(base=0.3, cap=0.3, jitter=0))
+    async def seq_retry(ctx: cyclone.Context, inp: dict[str, Any]) -> None:
+        ran.append((inp["name"], ctx.attempt))
+        if inp["name"] == "first" and ctx.attempt == 0:
+            raise RuntimeError("once")
+
+    async with cyclone.Client(dsn, handlers=[seq_retry], poll_interval=0.05) as c:
+        first = await c.enqueue(seq_retry, {"name": "first"}, sequence_key="k")
+        second = await c.enqueue(seq_retry, {"name": "second"}, sequence_key="k")
+        runs = [await c.wait(job, timeout=30) for job in (first, second)]
+    assert [r.state for r in runs] == [cyclone.RunState.COMPLETED] * 2
+    assert ran == [("first", 0), ("first", 1), ("second", 0)]

@@ -90,9 +90,11 @@ ORDER BY step.run_id;
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
 -- A sequenced step (sequence_key) is claimable only at the head of its key: no other
--- active step of the key is running, has been started before (a failed attempt or a
--- reclaim), or comes earlier by (scheduled_at, id). steps_sequence_release rechecks
--- that rule under the key's lock after the claim commits.
+-- active step of the key is running or comes before it in the key's order, which puts
+-- steps started before (a failed attempt waiting out its backoff, or a reclaim) first,
+-- then the rest by (scheduled_at, id). The row comparison reads: e comes first if e is
+-- started and s is not, or both are alike and e is earlier. steps_sequence_release
+-- rechecks the rule under the key's lock after the claim commits.
 WITH claimable AS (
     SELECT s.id
     FROM cyclone_steps s
@@ -106,8 +108,9 @@ WITH claimable AS (
               WHERE e.sequence_key = s.sequence_key
                 AND e.state NOT IN ('completed', 'discarded', 'cancelled')
                 AND e.id <> s.id
-                AND (e.state = 'running' OR e.attempt > 0 OR e.reclaims > 0
-                     OR (e.scheduled_at, e.id) < (s.scheduled_at, s.id))))
+                AND (e.state = 'running'
+                     OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
+                        > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id))))
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -155,8 +158,9 @@ WHERE s.id = v.id
       WHERE e.sequence_key = s.sequence_key
         AND e.state NOT IN ('completed', 'discarded', 'cancelled')
         AND e.id <> s.id
-        AND (e.state = 'running' OR e.attempt > 0 OR e.reclaims > 0
-             OR (e.scheduled_at, e.id) < (s.scheduled_at, s.id)))
+        AND (e.state = 'running'
+             OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
+                > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id)))
 RETURNING s.id;
 
 

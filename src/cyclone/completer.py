@@ -1,0 +1,102 @@
+"""Batched completion of steps that have no completion transaction.
+
+decisions.md, Who claims what: completions of steps without ``completion_tx()`` are
+written many per transaction, each row with its own CAS on state, owner and lease
+generation. A batch goes out as soon as the previous one is written (up to two in
+flight), so a lone completion is not delayed and a busy worker folds many into one
+transaction. Runs that end are announced on ``cyclone_run_done`` by a statement after
+the COMMIT of the same message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import batch_async
+from cyclone.notify import runs_done_statement
+from cyclone.retry import WRITE_RETRIES, error_backoff
+from cyclone.transitions import Claimed, complete_stmts, parse_completed
+
+__all__ = ["Completer"]
+
+log = logging.getLogger("cyclone.worker")
+
+
+class Completer:
+    """Completes steps that have no completion transaction, many per transaction."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], owner: str, *, batch: int) -> None:
+        self._pool = pool
+        self._owner = owner
+        self._batch = batch
+        self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
+        self._ready = asyncio.Event()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, flushers: int) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name=f"cyclone-completer-{i}") for i in range(flushers)
+        ]
+
+    async def close(self) -> None:
+        """Wait until every requested completion is written, then stop."""
+        await self._idle.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def complete(self, step: Claimed, output: str | None) -> tuple[bool, bool]:
+        """Complete ``step``; (completed, run finished). False: a stale completion."""
+        future: asyncio.Future[tuple[bool, bool]] = asyncio.get_running_loop().create_future()
+        self._items.append((step, output, future))
+        self._idle.clear()
+        self._ready.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._ready.wait()
+            batch, self._items = self._items[: self._batch], self._items[self._batch :]
+            if not self._items:
+                self._ready.clear()
+            if batch:
+                self._in_flight += 1
+                try:
+                    await self._flush(batch)
+                finally:
+                    self._in_flight -= 1
+            if not self._items and not self._in_flight:
+                self._idle.set()
+
+    async def _flush(
+        self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
+    ) -> None:
+        stmts = complete_stmts(self._owner, [(step, output) for step, output, _ in batch])
+        announce = [runs_done_statement({step.run_id for step, _, _ in batch})]
+        for attempt in range(WRITE_RETRIES):
+            try:
+                async with self._pool.connection() as conn:
+                    rows = await batch_async(conn, stmts, transaction=True, after=announce)
+                break
+            except Exception as exc:
+                if attempt == WRITE_RETRIES - 1:
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    return
+                log.warning("completing %d steps failed, retrying: %s", len(batch), exc)
+                await asyncio.sleep(error_backoff(attempt))
+        done, finished = parse_completed(rows[-1])
+        for step, _, future in batch:
+            if not future.done():
+                future.set_result((step.id in done, step.run_id in finished))

@@ -1,0 +1,135 @@
+"""Configuration shared by ``Client`` and ``SyncClient``: kinds, defaults, checks.
+
+Pure code (no I/O): the registry of kinds whose defaults an enqueue by name applies, the
+default retention, the validation of a caller's connection for ``*_tx`` calls, the
+tracking of caller transactions for wakeups, and the parameters of run listings.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+from psycopg import pq
+
+from cyclone.errors import ValidationError
+from cyclone.handlers import Handler
+from cyclone.options import Duration, check_int, seconds
+from cyclone.producer import EnqueueRequest, KindTarget
+from cyclone.states import RunState
+
+__all__ = ["ClientConfig", "WakeupTracker", "list_runs_params"]
+
+
+class WakeupTracker:
+    """Queues that received work in a caller's transaction, to announce after commit.
+
+    Returned by ``track_wakeups(conn)``; every ``enqueue_tx`` on that connection records
+    its queue here. After the caller commits, ``publish_wakeups(tracker)`` sends them.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(self) -> None:
+        self.queues: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"<cyclone.WakeupTracker queues={sorted(self.queues)}>"
+
+
+class ClientConfig:
+    """The validated, shared configuration of ``Client`` and ``SyncClient``.
+
+    Holds the registry of kinds (for their default options), the default retention,
+    the schema, and the tracking of caller transactions. Pure: no I/O.
+    """
+
+    def __init__(
+        self,
+        *,
+        handlers: Iterable[Handler],
+        schema: str,
+        retention: Duration | None,
+        notify: bool,
+    ) -> None:
+        registry: dict[str, Handler] = {}
+        for handler in handlers:
+            if not isinstance(handler, Handler):
+                raise ValidationError(
+                    f"handlers must be kinds made with @cyclone.step or @cyclone.action, "
+                    f"got {handler!r}"
+                )
+            if handler.kind in registry and registry[handler.kind] is not handler:
+                raise ValidationError(f"kind {handler.kind!r} is registered twice")
+            registry[handler.kind] = handler
+        self.handlers = registry
+        self.schema = schema
+        self.retention = seconds(retention, "retention", allow_zero=True)
+        if not isinstance(notify, bool):
+            raise ValidationError(f"notify must be True or False, got {notify!r}")
+        self.notify = notify
+        self.trackers: weakref.WeakKeyDictionary[Any, WakeupTracker] = weakref.WeakKeyDictionary()
+
+    def request(
+        self, target: KindTarget, input: Any = None, *, many: bool = False, **options: Any
+    ) -> EnqueueRequest:
+        """Validate one enqueue (or many, with ``many=True``)."""
+        return EnqueueRequest.build(
+            target,
+            input,
+            registry=self.handlers,
+            default_retention=self.retention,
+            many=many,
+            **options,
+        )
+
+    def check_tx_conn(self, conn: Any, expected: type[Any]) -> None:
+        """Refuse a connection a ``*_tx`` call cannot join; record nothing.
+
+        Raises:
+            ValidationError: not a ``expected`` connection, closed, in autocommit mode,
+                or in a failed transaction.
+        """
+        if not isinstance(conn, expected):
+            raise ValidationError(
+                f"expected a {expected.__module__}.{expected.__qualname__} inside a transaction, "
+                f"got {conn!r}"
+            )
+        if conn.closed:
+            raise ValidationError(f"connection {conn!r} is closed")
+        if conn.autocommit:
+            raise ValidationError(
+                f"connection {conn!r} is in autocommit mode; *_tx calls join a transaction"
+            )
+        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+            raise ValidationError(f"connection {conn!r} is in a failed transaction")
+
+    def track(self, conn: Any, queues: Iterable[str]) -> None:
+        """Record queues for the tracker of ``conn``, if it is tracked."""
+        tracker = self.trackers.get(conn)
+        if tracker is not None:
+            tracker.queues.update(queues)
+
+
+def list_runs_params(
+    state: RunState | str | None, workflow: str | None, limit: int, before: int | None
+) -> dict[str, Any]:
+    """Validated parameters of ``runs_list``.
+
+    Raises:
+        ValidationError: an unknown state, a bad limit, ``before`` or workflow.
+    """
+    if state is not None:
+        try:
+            state = RunState(state).value
+        except ValueError:
+            raise ValidationError(
+                f"state must be one of {[s.value for s in RunState]}, got {state!r}"
+            ) from None
+    check_int(limit, "limit", 1, 100_000)
+    if before is not None:
+        check_int(before, "before", 1, 2**63 - 1)
+    if workflow is not None and not isinstance(workflow, str):
+        raise ValidationError(f"workflow must be a string, got {workflow!r}")
+    return {"state": state, "workflow": workflow, "limit": limit, "before_id": before}
