@@ -631,7 +631,3 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
-
-
-# Temporary aliases for a test written against the earlier layout (removed below).
-_cancel_stmts = cancel_stmts
