@@ -53,13 +53,18 @@ def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | No
     Returns ``None`` when there is nothing to announce. Run ids are packed into as few
     payloads as fit under the NOTIFY payload limit.
     """
+    queues = sorted(set(queues))
+    run_ids = sorted(set(run_ids))
+    if len(queues) == 1 and not run_ids:
+        payload = json.dumps({"queue": queues[0]}, separators=(",", ":"))
+        return Stmt(Q.notify_available, {"payload": payload})
     channels: list[str] = []
     payloads: list[str] = []
-    for queue in sorted(set(queues)):
+    for queue in queues:
         channels.append(AVAILABLE)
         payloads.append(json.dumps({"queue": queue}, separators=(",", ":")))
     chunk: list[int] = []
-    for run_id in sorted(set(run_ids)):
+    for run_id in run_ids:
         chunk.append(run_id)
         if len(chunk) * 21 + 16 > _MAX_PAYLOAD:
             channels.append(RUN_DONE)

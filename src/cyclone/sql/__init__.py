@@ -66,6 +66,7 @@ class Queries:
     runs_states: LiteralString
     # notify.sql
     notify_publish: LiteralString
+    notify_available: LiteralString
     notify_runs_done: LiteralString
     notify_listen: LiteralString
     notify_listen_done: LiteralString

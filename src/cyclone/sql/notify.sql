@@ -12,6 +12,12 @@ FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS t (channel, payload)
 WHERE pg_notification_queue_usage() < 0.5;
 
 
+-- name: notify_available
+-- Announce one queue (the common case: a prepared statement with one parameter).
+SELECT pg_notify('cyclone_available', %(payload)s)
+WHERE pg_notification_queue_usage() < 0.5;
+
+
 -- name: notify_runs_done
 -- Announce which of the given runs are terminal now. Sent after the transaction that
 -- ended them (as a statement after its COMMIT), so a listener that wakes sees them.
