@@ -57,6 +57,14 @@ class Handler:
         return f"<cyclone {flavour} {self.kind!r}>"
 
 
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """True for an ``async def`` function, a partial of one, or an object whose
+    ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the call method, not callability
+    )
+
+
 def _input_annotation(fn: Callable[..., Any]) -> Any:
     parameters = list(inspect.signature(fn).parameters.values())
     positional = [
@@ -112,7 +120,7 @@ def _make(
             kind=kind,
             fn=fn,
             has_output=has_output,
-            is_async=inspect.iscoroutinefunction(fn),
+            is_async=_is_async(fn),
             options=options,
             retry=retry or DEFAULT_RETRY,
             no_retry=errors,

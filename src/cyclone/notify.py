@@ -36,6 +36,7 @@ __all__ = [
     "Publisher",
     "publish_sync",
     "runs_done_statement",
+    "runs_in_payload",
     "wakeup_statement",
 ]
 
@@ -76,6 +77,18 @@ def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | No
     if not channels:
         return None
     return Stmt(Q.notify_publish, {"channels": channels, "payloads": payloads})
+
+
+def runs_in_payload(payload: str) -> list[int]:
+    """The run ids of a ``cyclone_run_done`` payload (empty if it is malformed)."""
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return []
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list):
+        return []
+    return [r for r in runs if isinstance(r, int) and not isinstance(r, bool)]
 
 
 def runs_done_statement(run_ids: Iterable[int]) -> Stmt:
@@ -284,14 +297,12 @@ class Listener:
             await conn.close()
 
     def _dispatch(self, channel: str, payload: str) -> None:
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            data = None
         if channel == AVAILABLE:
+            try:
+                data = json.loads(payload)
+            except ValueError:
+                data = None
             queue = data.get("queue") if isinstance(data, dict) else None
             self._on_available(queue if isinstance(queue, str) else None)
         elif channel == RUN_DONE:
-            runs = data.get("runs") if isinstance(data, dict) else None
-            if isinstance(runs, list):
-                self._on_run_done([r for r in runs if isinstance(r, int)])
+            self._on_run_done(runs_in_payload(payload))

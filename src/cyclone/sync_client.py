@@ -23,7 +23,13 @@ from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_pla
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate
-from cyclone.notify import RUN_DONE, publish_sync, runs_done_statement, wakeup_statement
+from cyclone.notify import (
+    RUN_DONE,
+    publish_sync,
+    runs_done_statement,
+    runs_in_payload,
+    wakeup_statement,
+)
 from cyclone.options import Duration, seconds
 from cyclone.producer import (
     KindTarget,
@@ -301,7 +307,7 @@ class SyncClient:
                     continue
                 try:
                     for note in listen.notifies(timeout=pause):
-                        if note.channel == RUN_DONE and str(run_id) in note.payload:
+                        if note.channel == RUN_DONE and run_id in runs_in_payload(note.payload):
                             break
                 except psycopg.Error:
                     listen.close()
