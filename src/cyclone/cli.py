@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -49,9 +50,9 @@ schema_option = click.option(
 @click.group(cls=_Group)
 @click.option(
     "--log-level",
-    default="INFO",
+    default="info",
     show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
 def main(log_level: str) -> None:
     """Cyclone: durable jobs and workflows on PostgreSQL."""
@@ -99,12 +100,24 @@ def load_client(app: str) -> Client:
 async def _serve(client: Client) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.info("second signal: releasing running steps now")
+            client.hurry()
+        stop.set()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    async with client:
-        log.info("worker running; SIGTERM or Ctrl-C stops it gracefully")
-        await stop.wait()
-        log.info("stopping: draining running steps (up to %.0f s)", client.shutdown_grace)
+        loop.add_signal_handler(signum, on_signal)
+    try:
+        async with client:
+            log.info("worker running; SIGTERM or Ctrl-C stops it gracefully")
+            await stop.wait()
+            log.info(
+                "stopping: draining running steps (up to %.0f s; signal again to release them now)",
+                client.shutdown_grace,
+            )
+    finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 
@@ -118,3 +131,9 @@ def worker(app: str) -> None:
     if not client.handlers:
         raise click.UsageError(f"{app} registers no handlers; a worker would have nothing to run")
     asyncio.run(_serve(client))
+    if client.threads_running:
+        # Their steps were given back and their late completion will be refused;
+        # waiting for the threads would only stretch the shutdown past its grace.
+        log.warning("exiting with %d sync handler thread(s) still running", client.threads_running)
+        logging.shutdown()
+        os._exit(0)

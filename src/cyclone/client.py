@@ -50,7 +50,7 @@ from cyclone.errors import (
     WaitTimeout,
 )
 from cyclone.handlers import Handler
-from cyclone.migrate import migrate_async
+from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
 from cyclone.options import Duration, check_int, check_queue, seconds
 from cyclone.producer import (
@@ -225,6 +225,7 @@ class Client:
         self._publisher: Publisher | None = None
         self._listener: Listener | None = None
         self._worker: Worker | None = None
+        self._threads_left: Worker | None = None
         self._background: list[asyncio.Task[None]] = []
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._opened = False
@@ -253,13 +254,21 @@ class Client:
         async with self._open_lock:
             if self._opened:
                 return
+            # One direct connection first: a bad DSN fails at once with the server's
+            # message (not after the pool's timeout), a missing schema with its remedy.
+            await check_schema_async(self._conninfo, schema=self.config.schema)
             await self._engine_pool.open(wait=True)
             self._publisher = Publisher(self._engine_pool, coalesce=self.notify_coalesce)
             self._publisher.start()
             self._opened = True
 
     async def start(self) -> None:
-        """Open connections; with handlers, start workers, the sweep and the listener."""
+        """Open connections; with handlers, start workers, the sweep and the listener.
+
+        Raises:
+            ConfigurationError: Cyclone's schema is not installed (run ``migrate``).
+            psycopg.OperationalError: the database cannot be reached.
+        """
         if self._started:
             return
         await self._open()
@@ -306,6 +315,15 @@ class Client:
             build_request=self.config.request,
         )
         self._ensure_listener()
+        for handler in self.config.handlers.values():
+            if handler.options.queue not in self.queues:
+                log.warning(
+                    "kind %r defaults to queue %r, which this client does not serve "
+                    "(queues %s): only its steps enqueued into a served queue will run here",
+                    handler.kind,
+                    handler.options.queue,
+                    sorted(self.queues),
+                )
         self._worker.start()
         sweeper = Sweeper(
             self._engine_pool,
@@ -335,9 +353,14 @@ class Client:
             self._listener.start()
 
     async def stop(self) -> None:
-        """Stop gracefully: workers drain (see ``shutdown_grace``), then connections close."""
+        """Stop gracefully: workers drain (see ``shutdown_grace``), then connections close.
+
+        Afterwards :attr:`threads_running` counts sync handlers whose thread has not
+        returned yet; their steps were given back and their completion will be refused.
+        """
         if self._worker is not None:
             await self._worker.stop()
+            self._threads_left = self._worker
             self._worker = None
         for task in self._background:
             task.cancel()
@@ -370,6 +393,17 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    @property
+    def threads_running(self) -> int:
+        """Sync handler threads still running (after a stop, those that outlived it)."""
+        worker = self._worker or self._threads_left
+        return worker.threads_running if worker is not None else 0
+
+    def hurry(self) -> None:
+        """Cut short the grace period of a stop in progress (a second SIGTERM)."""
+        if self._worker is not None:
+            self._worker.hurry()
 
     @property
     def listening(self) -> bool:

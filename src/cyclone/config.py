@@ -19,7 +19,21 @@ from cyclone.options import Duration, check_int, seconds
 from cyclone.producer import EnqueueRequest, KindTarget
 from cyclone.states import RunState
 
-__all__ = ["ClientConfig", "WakeupTracker", "list_runs_params"]
+__all__ = ["ENQUEUE_OPTIONS", "ClientConfig", "WakeupTracker", "list_runs_params"]
+
+ENQUEUE_OPTIONS = frozenset(
+    {
+        "queue",
+        "priority",
+        "scheduled_at",
+        "max_attempts",
+        "timeout",
+        "unique_key",
+        "sequence_key",
+        "retention",
+    }
+)
+"""The keyword options of ``enqueue`` (``enqueue_many`` takes all but ``unique_key``)."""
 
 
 class WakeupTracker:
@@ -74,7 +88,17 @@ class ClientConfig:
     def request(
         self, target: KindTarget, input: Any = None, *, many: bool = False, **options: Any
     ) -> EnqueueRequest:
-        """Validate one enqueue (or many, with ``many=True``)."""
+        """Validate one enqueue (or many, with ``many=True``).
+
+        Raises:
+            ValidationError: a bad kind, input or option, or an unknown option name.
+        """
+        unknown = set(options) - ENQUEUE_OPTIONS
+        if many and "unique_key" in options:
+            unknown.add("unique_key")
+        if unknown:
+            allowed = sorted(ENQUEUE_OPTIONS - ({"unique_key"} if many else set()))
+            raise ValidationError(f"unknown option(s) {sorted(unknown)}; the options are {allowed}")
         return EnqueueRequest.build(
             target,
             input,

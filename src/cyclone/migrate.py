@@ -11,6 +11,7 @@ find nothing to do (schema-reference, Migration and Compatibility Notes).
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -20,9 +21,19 @@ import psycopg
 from psycopg import sql
 
 from cyclone.connections import check_schema_name, connect_kwargs
+from cyclone.errors import ConfigurationError
 from cyclone.sql import Q
 
-__all__ = ["Migration", "available_migrations", "migrate", "migrate_async"]
+__all__ = [
+    "Migration",
+    "available_migrations",
+    "check_schema",
+    "check_schema_async",
+    "migrate",
+    "migrate_async",
+]
+
+log = logging.getLogger("cyclone.migrate")
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
@@ -79,6 +90,49 @@ def migrate(conninfo: str, *, schema: str = "public") -> list[int]:
         finally:
             conn.execute(Q.migrate_unlock, {"schema": schema})
     return applied
+
+
+def _judge(current: int | None, schema: str) -> None:
+    newest = available_migrations()[-1].version
+    if current is None or current < newest:
+        found = "not installed" if not current else f"at version {current}"
+        raise ConfigurationError(
+            f"Cyclone's schema in {schema!r} is {found}, this Cyclone needs version {newest}: "
+            f"run `cyclone migrate --dsn ...` (or cyclone.migrate(dsn)) first"
+        )
+    if current > newest:
+        log.warning(
+            "the database schema (version %d) is newer than this Cyclone (%d)", current, newest
+        )
+
+
+def check_schema(conninfo: str, *, schema: str = "public") -> None:
+    """Connect once and check that the schema is installed and current.
+
+    Raises:
+        ConfigurationError: the schema is missing or older than this Cyclone.
+        psycopg.OperationalError: the database cannot be reached (at once, with the
+            server's own message).
+    """
+    with psycopg.connect(conninfo, autocommit=True, **connect_kwargs(schema)) as conn:
+        try:
+            row = conn.execute(Q.migrate_current).fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+    _judge(row[0] if row else None, schema)
+
+
+async def check_schema_async(conninfo: str, *, schema: str = "public") -> None:
+    """:func:`check_schema` from asyncio code."""
+    conn = await psycopg.AsyncConnection.connect(
+        conninfo, autocommit=True, **connect_kwargs(schema)
+    )
+    async with conn:
+        try:
+            row = await (await conn.execute(Q.migrate_current)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+    _judge(row[0] if row else None, schema)
 
 
 async def migrate_async(conninfo: str, *, schema: str = "public") -> list[int]:

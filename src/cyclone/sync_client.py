@@ -22,7 +22,7 @@ from cyclone.connections import engine_conninfo
 from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
 from cyclone.handlers import Handler
-from cyclone.migrate import migrate
+from cyclone.migrate import check_schema, migrate
 from cyclone.notify import (
     RUN_DONE,
     publish_sync,
@@ -114,8 +114,14 @@ class SyncClient:
         return migrate(self._conninfo, schema=self.config.schema)
 
     def open(self) -> None:
-        """Open the pool (done on first use)."""
+        """Check the schema and open the pool (done on first use).
+
+        Raises:
+            ConfigurationError: the schema is not installed or not current.
+            psycopg.OperationalError: the database cannot be reached.
+        """
         if not self._opened:
+            check_schema(self._conninfo, schema=self.config.schema)
             if self._own_pool:
                 self._pool.open(wait=True)
             self._opened = True

@@ -77,6 +77,7 @@ class _Held:
     timer: asyncio.TimerHandle | None = None  # its own next heartbeat
     batch_timer: asyncio.TimerHandle | None = None  # the first heartbeat of its claim
     in_handler: bool = False
+    completing: bool = False  # the handler returned; its outcome is being written
     lost: bool = False  # a heartbeat found the lease gone
     released: bool = False  # given back at shutdown
     finished: bool = False  # its outcome is written (or given up)
@@ -125,6 +126,8 @@ class Worker:
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
         self._stopping = False
+        self._hurry = asyncio.Event()
+        self._threads_running = 0
         self.claims = 0
         """Claim statements run so far."""
         self.claim_errors = 0
@@ -152,12 +155,22 @@ class Worker:
         """Steps held right now."""
         return len(self._held)
 
+    def hurry(self) -> None:
+        """Cut the grace period of a stop in progress short: release what is held now."""
+        self._hurry.set()
+
+    @property
+    def threads_running(self) -> int:
+        """Sync handlers whose thread has not returned (they cannot be stopped)."""
+        return self._threads_running
+
     async def stop(self) -> None:
         """Stop claiming, let handlers finish within the grace period, release the rest.
 
-        Steps still running after ``shutdown_grace`` seconds are given back with no
-        attempt and no reclaim counted; an async handler is cancelled, a sync handler's
-        thread cannot be, and its late completion is fenced by the lease generation.
+        Steps still running after ``shutdown_grace`` seconds (or at :meth:`hurry`) are
+        given back with no attempt and no reclaim counted; an async handler is
+        cancelled, a sync handler's thread cannot be, and its late completion is fenced
+        by the lease generation (see :attr:`threads_running`).
         """
         self._stopping = True
         for queue in self._queues.values():
@@ -165,8 +178,16 @@ class Worker:
             queue.freed.set()
         # Loops finish their claim in flight (and dispatch what it returned) and exit.
         await asyncio.gather(*self._loops, return_exceptions=True)
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self.settings.shutdown_grace)
+        if self._tasks and not self._hurry.is_set():
+            all_done = asyncio.ensure_future(asyncio.wait(set(self._tasks)))
+            hurried = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait(
+                {all_done, hurried},
+                timeout=self.settings.shutdown_grace,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            all_done.cancel()
+            hurried.cancel()
         leftover = [held for held in self._held.values() if not held.released]
         if leftover:
             for held in leftover:
@@ -315,19 +336,24 @@ class Worker:
                 raise
             task.uncancel()
             await tx.close_async(commit=False)
-            log.info("step %d (%s): lease lost, handler cancelled", step.id, step.kind)
+            why = "released at shutdown" if held.released else "lease lost"
+            log.info("step %d (%s): %s, handler cancelled", step.id, step.kind, why)
             return
         except Exception as exc:
             timed_out = timeout_cm is not None and timeout_cm.expired()
+            error: BaseException = (
+                TimeoutError(f"step exceeded its timeout of {step.timeout} s") if timed_out else exc
+            )
             failure = decide_failure(
                 step,
-                exc,
+                error,
                 retry=handler.retry,
                 no_retry=handler.no_retry,
                 error_kind="timeout" if timed_out else None,
             )
         finally:
             held.in_handler = False
+            held.completing = True
         if failure is not None:
             await tx.close_async(commit=False)
             await self._record_failure(held, failure)
@@ -343,7 +369,9 @@ class Worker:
     async def _execute_sync(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
         step = held.step
         loop = asyncio.get_running_loop()
+        self._threads_running += 1
         future = loop.run_in_executor(self._executor, self._run_sync_handler, handler, held, tx)
+        future.add_done_callback(self._thread_returned)
         timed_out = False
         try:
             result = await asyncio.wait_for(asyncio.shield(future), step.timeout)
@@ -370,6 +398,9 @@ class Worker:
         elif kind == "output" and not (held.released or held.lost):
             await self._complete_batched(held, payload)
 
+    def _thread_returned(self, _: object) -> None:
+        self._threads_running -= 1
+
     def _run_sync_handler(
         self, handler: Handler, held: _Held, tx: CompletionTx
     ) -> tuple[str, Any] | None:
@@ -386,6 +417,7 @@ class Worker:
             )
         finally:
             held.in_handler = False
+            held.completing = True
         if tx.sync_conn is None:
             return "output", output
         if held.released or held.lost or ctx.cancelled:
@@ -527,6 +559,8 @@ class Worker:
         if rows:
             self._schedule_heartbeat(held)
             return
+        if held.completing:
+            return  # the outcome being written ended the lease, or its CAS will tell
         held.lost = True
         held.ctx._cancelled = True
         log.info("step %d (%s): lease lost (reclaimed, cancelled or timed out)", step.id, step.kind)

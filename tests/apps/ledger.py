@@ -8,13 +8,15 @@ Kinds:
 * ``ledger_write``: works, then inserts one ``ledger`` row in its completion transaction
   (the table has no unique constraint, so a duplicate commit would show);
 * ``count_exec``: records each execution in ``executions`` outside any transaction of
-  the engine (so it counts handler calls, committed or not), then completes.
+  the engine (so it counts handler calls, committed or not), then completes;
+* ``sync_sleep``: a plain ``def`` handler that sleeps ``inp["seconds"]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import psycopg
@@ -46,9 +48,15 @@ async def count_exec(ctx: cyclone.Context, inp: dict[str, Any]) -> dict[str, Any
     return {"pid": os.getpid()}
 
 
+@cyclone.step("sync_sleep")
+def sync_sleep(ctx: cyclone.Context, inp: dict[str, Any]) -> str:
+    time.sleep(inp["seconds"])  # a plain def handler that cannot be interrupted
+    return "slept"
+
+
 client = cyclone.Client(
     DSN,
-    handlers=[ledger_write, count_exec],
+    handlers=[ledger_write, count_exec, sync_sleep],
     queues={"default": SLOTS},
     lease_ttl=TTL,
     max_reclaims=10_000,

@@ -68,3 +68,35 @@ def test_help_lists_commands() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
     assert "migrate" in result.stdout and "worker" in result.stdout
+
+
+def test_second_sigterm_releases_at_once_even_past_a_sync_thread(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A second SIGTERM cuts the grace period short: held steps are given back (no
+    attempt, no reclaim) and the process exits without waiting for a sync handler's
+    thread, which cannot be stopped."""
+    with cyclone.SyncClient(dsn) as producer:
+        job = producer.enqueue("sync_sleep", {"seconds": 600})
+    proc = start_worker("tests.apps.ledger:client", {"CYCLONE_TEST_APP_DSN": dsn}, log_level="INFO")
+    try:
+        poll_until(lambda: scalar(db, "SELECT state FROM cyclone_steps") == "running")
+        proc.send_signal(signal.SIGTERM)
+        poll_until(lambda: "stopping: draining" in worker_log(proc), what="drain started")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, worker_log(proc)
+    finally:
+        kill(proc)
+    step = db.execute("SELECT state, attempt, reclaims, lease_owner FROM cyclone_steps").fetchone()
+    assert step == ("available", 0, 0, None)
+    assert "sync handler thread(s) still running" in worker_log(proc)
+    assert job.run_id > 0
+
+
+def test_worker_on_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
+    """One line naming the remedy, non-zero exit, no endless warnings."""
+    env = {"CYCLONE_TEST_APP_DSN": empty_dsn}
+    result = run_cli("worker", "tests.apps.ledger:client", env=env)
+    assert result.returncode != 0
+    assert "run `cyclone migrate" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -201,3 +201,21 @@ async def test_bad_run_references(dsn: str) -> None:
             await client.get_run(123456)
         with pytest.raises(cyclone.ValidationError, match="timeout must be zero or more"):
             await client.wait(1, timeout=-1)
+
+
+async def test_unknown_options_are_named(dsn: str, db: psycopg.Connection[Any]) -> None:
+    async with cyclone.Client(dsn) as client:
+        with pytest.raises(cyclone.ValidationError, match=r"unknown option\(s\) \['bogus'\]"):
+            await client.enqueue("k", {}, bogus=1)
+        with pytest.raises(cyclone.ValidationError, match=r"unknown option\(s\) \['unique_key'\]"):
+            await client.enqueue_many("k", [{}], unique_key="u")
+    _nothing_written(db)
+
+
+async def test_unmigrated_database_and_unreachable_server_fail_at_once(empty_dsn: str) -> None:
+    with pytest.raises(cyclone.ConfigurationError, match="run `cyclone migrate"):
+        await cyclone.Client(empty_dsn).enqueue("k", {})
+    with pytest.raises(cyclone.ConfigurationError, match="schema in 'public' is not installed"):
+        cyclone.SyncClient(empty_dsn).enqueue("k", {})
+    with pytest.raises(psycopg.OperationalError):
+        await cyclone.Client("host=127.0.0.1 port=1 user=nobody dbname=none").enqueue("k", {})

@@ -150,6 +150,7 @@ async def test_async_handler_past_timeout_fails_with_timeout_kind(dsn: str) -> N
         (step,) = await c.list_steps(run.id)
     assert run.state == RunState.FAILED
     assert step.error_kind == "timeout" and step.attempt == 1
+    assert step.error == "TimeoutError: step exceeded its timeout of 0.3 s"
 
 
 async def test_completion_tx_commits_with_step(

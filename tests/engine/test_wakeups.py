@@ -52,7 +52,8 @@ async def test_work_is_claimed_while_listen_keeps_breaking(
             while not stop.is_set():
                 conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE application_name = 'cyclone-listen' AND pid <> pg_backend_pid()"
+                    "WHERE application_name = 'cyclone-listen' AND pid <> pg_backend_pid() "
+                    "AND datname = current_database()"
                 )
                 stop.wait(0.05)
 

@@ -75,6 +75,7 @@ class Queries:
     migrate_unlock: LiteralString
     migrate_version_table: LiteralString
     migrate_applied: LiteralString
+    migrate_current: LiteralString
     migrate_record: LiteralString
 
     def __init__(self) -> None:

@@ -22,5 +22,10 @@ CREATE TABLE IF NOT EXISTS cyclone_schema_version (
 SELECT version FROM cyclone_schema_version ORDER BY version;
 
 
+-- name: migrate_current
+-- The newest applied version (fails with undefined_table before the first migrate).
+SELECT coalesce(max(version), 0) FROM cyclone_schema_version;
+
+
 -- name: migrate_record
 INSERT INTO cyclone_schema_version (version) VALUES (%(version)s);
