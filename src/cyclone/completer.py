@@ -30,9 +30,8 @@ log = logging.getLogger("cyclone.worker")
 class Completer:
     """Completes steps that have no completion transaction, many per transaction."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], owner: str, *, batch: int) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], *, batch: int) -> None:
         self._pool = pool
-        self._owner = owner
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
         self._ready = asyncio.Event()
@@ -81,7 +80,7 @@ class Completer:
     async def _flush(
         self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
     ) -> None:
-        stmts = complete_stmts(self._owner, [(step, output) for step, output, _ in batch])
+        stmts = complete_stmts([(step, output) for step, output, _ in batch])
         announce = [runs_done_statement({step.run_id for step, _, _ in batch})]
         for attempt in range(WRITE_RETRIES):
             try:

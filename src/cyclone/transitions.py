@@ -7,6 +7,7 @@ run rows first (``runs_lock``), so every writer takes locks in one order.
 
 from __future__ import annotations
 
+import json
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,8 +43,11 @@ _MAX_STACK_CHARS = 32_000
 class Claimed:
     """A step this worker holds: what ``steps_claim`` returned for it.
 
-    ``generation`` is the lease generation of the claim, the fencing token every later
-    transition of this worker compares; ``timeout`` is seconds or ``None``.
+    ``owner`` (the ``lease_owner`` written by the claim: the client's id and the
+    claim's serial number within the client) and ``generation`` (the lease generation
+    of the claim) form the fencing token every later transition compares; an owner is
+    never reused, even if a claim is lost in a server crash and its generation issued
+    again. ``timeout`` is seconds or ``None``.
     """
 
     id: int
@@ -59,6 +63,7 @@ class Claimed:
     workflow: str
     def_version: str
     queue: str
+    owner: str
 
 
 def claim_stmt(*, queue: str, kinds: Sequence[str], owner: str, ttl: float, limit: int) -> Stmt:
@@ -75,8 +80,8 @@ def claim_stmt(*, queue: str, kinds: Sequence[str], owner: str, ttl: float, limi
     )
 
 
-def parse_claimed(rows: Rows, queue: str) -> list[Claimed]:
-    """The rows of ``steps_claim`` as :class:`Claimed` records."""
+def parse_claimed(rows: Rows, queue: str, owner: str) -> list[Claimed]:
+    """The rows of ``steps_claim`` (claimed as ``owner``) as :class:`Claimed` records."""
     return [
         Claimed(
             id=row[0],
@@ -92,35 +97,37 @@ def parse_claimed(rows: Rows, queue: str) -> list[Claimed]:
             workflow=row[10],
             def_version=row[11],
             queue=queue,
+            owner=owner,
         )
         for row in rows
     ]
 
 
-def heartbeat_stmt(step: Claimed, *, owner: str, ttl: float) -> Stmt:
+def heartbeat_stmt(step: Claimed, *, ttl: float) -> Stmt:
     """Renew the lease of ``step`` for ``ttl`` seconds (``steps_heartbeat``)."""
     return Stmt(
         Q.steps_heartbeat,
-        {"id": step.id, "owner": owner, "generation": step.generation, "ttl_us": micros(ttl)},
+        {"id": step.id, "owner": step.owner, "generation": step.generation, "ttl_us": micros(ttl)},
     )
 
 
-def complete_stmts(owner: str, items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
+def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
     """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
 
     Each output is JSON text made by ``encode_json``; the batch travels as one JSON
-    text of ``[id, generation, output]`` triples.
+    text of ``[id, generation, owner, output]`` quadruples.
 
     Returns the statements for one transaction; the last one's rows go to
     :func:`parse_completed`.
     """
-    triples = ",".join(
-        f"[{step.id},{step.generation},{'null' if output is None else output}]"
+    rows = ",".join(
+        f"[{step.id},{step.generation},{json.dumps(step.owner)},"
+        f"{'null' if output is None else output}]"
         for step, output in items
     )
     return [
         Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})}),
-        Stmt(Q.steps_complete, {"steps": f"[{triples}]", "owner": owner}),
+        Stmt(Q.steps_complete, {"steps": f"[{rows}]"}),
     ]
 
 
@@ -175,7 +182,7 @@ def decide_failure(
     )
 
 
-def failure_stmts(owner: str, step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
+def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     """The statements recording ``failure``, and whether they form one transaction.
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
@@ -183,7 +190,7 @@ def failure_stmts(owner: str, step: Claimed, failure: Failure) -> tuple[list[Stm
     """
     params = {
         "id": step.id,
-        "owner": owner,
+        "owner": step.owner,
         "generation": step.generation,
         "error": failure.error,
         "error_kind": failure.error_kind,
@@ -198,30 +205,24 @@ def failure_stmts(owner: str, step: Claimed, failure: Failure) -> tuple[list[Stm
     ], True
 
 
-def release_stmt(owner: str, steps: Sequence[Claimed]) -> Stmt:
+def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
+    return {
+        "ids": [s.id for s in steps],
+        "generations": [s.generation for s in steps],
+        "owners": [s.owner for s in steps],
+    }
+
+
+def release_stmt(steps: Sequence[Claimed]) -> Stmt:
     """Give held steps back with no attempt and no reclaim counted (``steps_release``)."""
-    return Stmt(
-        Q.steps_release,
-        {
-            "ids": [s.id for s in steps],
-            "generations": [s.generation for s in steps],
-            "owner": owner,
-        },
-    )
+    return Stmt(Q.steps_release, _held_params(steps))
 
 
-def sequence_recheck_stmts(owner: str, steps: Sequence[Claimed]) -> list[Stmt]:
+def sequence_recheck_stmts(steps: Sequence[Claimed]) -> list[Stmt]:
     """Lock the sequence keys of fresh claims, then give back those not at their head."""
     return [
         Stmt(Q.steps_sequence_lock, {"keys": [s.sequence_key for s in steps]}),
-        Stmt(
-            Q.steps_sequence_release,
-            {
-                "ids": [s.id for s in steps],
-                "generations": [s.generation for s in steps],
-                "owner": owner,
-            },
-        ),
+        Stmt(Q.steps_sequence_release, _held_params(steps)),
     ]
 
 

@@ -117,12 +117,13 @@ class Worker:
         self._publisher = publisher
         self._build_request = build_request
         self._queues = {name: _Queue(name, n) for name, n in settings.queues.items()}
-        self._held: dict[tuple[int, int], _Held] = {}  # by (step id, generation)
+        self._held: dict[tuple[int, str], _Held] = {}  # by (step id, lease owner)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
-            pool, settings.owner, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch))
+            pool, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch))
         )
+        self._claim_serial = 0
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
         self._stopping = False
@@ -208,7 +209,7 @@ class Worker:
     async def _release(self, steps: list[Claimed]) -> None:
         try:
             async with self._pool.connection() as conn:
-                rows = await fetch_async(conn, release_stmt(self.settings.owner, steps))
+                rows = await fetch_async(conn, release_stmt(steps))
             self._publisher.available({row[1] for row in rows})
             log.info("released %d held steps at shutdown", len(rows))
         except Exception as exc:
@@ -250,7 +251,11 @@ class Worker:
                 await queue.wake.wait()
 
     async def _claim(self, queue: _Queue, limit: int) -> list[Claimed]:
-        owner = self.settings.owner
+        # Each claim writes its own lease owner: the client's id and a serial number.
+        # With the generation it fences every later transition, even if a claim is
+        # lost in a server crash and the same generation is issued again.
+        self._claim_serial += 1
+        owner = f"{self.settings.owner}/{self._claim_serial}"
         stmt = claim_stmt(
             queue=queue.name,
             kinds=self._kinds,
@@ -259,12 +264,10 @@ class Worker:
             limit=limit,
         )
         async with self._lease_pool.connection() as conn:
-            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name)
+            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner)
             sequenced = [step for step in claimed if step.sequence_key is not None]
             if sequenced:
-                rows = await batch_async(
-                    conn, sequence_recheck_stmts(owner, sequenced), transaction=True
-                )
+                rows = await batch_async(conn, sequence_recheck_stmts(sequenced), transaction=True)
                 given_back = {row[0] for row in rows[-1]}
                 if given_back:
                     log.debug("sequence recheck gave back steps %s", sorted(given_back))
@@ -292,7 +295,7 @@ class Worker:
             build_request=self._build_request,
         )
         held = _Held(step, ctx)
-        self._held[step.id, step.generation] = held
+        self._held[step.id, step.owner] = held
         queue.busy += 1
         run = self._execute_async if handler.is_async else self._execute_sync
         task = asyncio.create_task(self._execute(run(handler, held, tx), queue, held))
@@ -312,7 +315,7 @@ class Worker:
             held.finished = True
             if held.timer is not None:
                 held.timer.cancel()
-            self._held.pop((held.step.id, held.step.generation), None)
+            self._held.pop((held.step.id, held.step.owner), None)
             queue.busy -= 1
             queue.freed.set()
 
@@ -426,7 +429,7 @@ class Worker:
         try:
             rows = batch_sync(
                 tx.sync_conn,
-                complete_stmts(self.settings.owner, [(step, output)]),
+                complete_stmts([(step, output)]),
                 transaction=False,
             )
         except Exception:
@@ -452,9 +455,7 @@ class Worker:
         conn = tx.async_conn
         assert conn is not None
         try:
-            rows = await batch_async(
-                conn, complete_stmts(self.settings.owner, [(step, output)]), transaction=False
-            )
+            rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
         except Exception:
             await tx.close_async(commit=False)
             raise
@@ -480,7 +481,7 @@ class Worker:
 
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step
-        stmts, transaction = failure_stmts(self.settings.owner, step, failure)
+        stmts, transaction = failure_stmts(step, failure)
         announce = [runs_done_statement([step.run_id])] if failure.discard else []
         rows = await self._write(stmts, transaction=transaction, after=announce)
         if rows is None:
@@ -549,7 +550,7 @@ class Worker:
             async with self._lease_pool.connection() as conn:
                 rows = await fetch_async(
                     conn,
-                    heartbeat_stmt(step, owner=self.settings.owner, ttl=self.settings.lease_ttl),
+                    heartbeat_stmt(step, ttl=self.settings.lease_ttl),
                 )
         except Exception as exc:
             log.warning("heartbeat of step %d failed, will retry: %s", step.id, exc)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -364,11 +364,11 @@ class StepMachine(RuleBasedStateMachine):
         """The worker's ``_claim``: claim, then recheck the sequenced claims."""
         conn = self.conns[owner]
         stmt = claim_stmt(queue=QUEUE, kinds=[KIND], owner=owner, ttl=LEASE_TTL, limit=limit)
-        claimed = parse_claimed(fetch_sync(conn, stmt), QUEUE)
+        claimed = parse_claimed(fetch_sync(conn, stmt), QUEUE, owner)
         sequenced = [c for c in claimed if c.sequence_key is not None]
         given_back: set[int] = set()
         if sequenced:
-            rows = batch_sync(conn, sequence_recheck_stmts(owner, sequenced), transaction=True)
+            rows = batch_sync(conn, sequence_recheck_stmts(sequenced), transaction=True)
             given_back = {row[0] for row in rows[-1]}
         return claimed, given_back
 
@@ -575,7 +575,7 @@ class StepMachine(RuleBasedStateMachine):
             return
         believer, actor, c = token
         prev = self.steps[c.id]
-        rows = fetch_sync(self.conns[actor], heartbeat_stmt(c, owner=actor, ttl=LEASE_TTL))
+        rows = fetch_sync(self.conns[actor], heartbeat_stmt(replace(c, owner=actor), ttl=LEASE_TTL))
         after = self._snapshot()
         ok = prev.held_by(actor, c.generation) and not prev.timed_out
         assert bool(rows) == ok, f"heartbeat {actor} gen {c.generation}: {rows} vs {prev}"
@@ -606,7 +606,11 @@ class StepMachine(RuleBasedStateMachine):
             data.draw(st.sampled_from([None, '{"n": 1}', '"done"']), label="output") for _ in tokens
         ]
         items = [(c, out) for (_, c), out in zip(tokens, outputs, strict=True)]
-        rows = batch_sync(self.conns[actor], complete_stmts(actor, items), transaction=True)
+        rows = batch_sync(
+            self.conns[actor],
+            complete_stmts([(replace(c, owner=actor), out) for c, out in items]),
+            transaction=True,
+        )
         done, finished = parse_completed(rows[-1])
         after = self._snapshot()
         expected = {c.id: out for c, out in items if self.steps[c.id].held_by(actor, c.generation)}
@@ -639,7 +643,7 @@ class StepMachine(RuleBasedStateMachine):
         discard = data.draw(st.booleans(), label="discard")
         exc: Exception = Discard("not worth retrying") if discard else RuntimeError("boom")
         failure = decide_failure(c, exc, retry=BACKOFF, no_retry=())
-        stmts, transaction = failure_stmts(actor, c, failure)
+        stmts, transaction = failure_stmts(replace(c, owner=actor), failure)
         rows = batch_sync(self.conns[actor], stmts, transaction=transaction)
         changed = rows[1] if transaction else rows[0]
         after = self._snapshot()
@@ -674,7 +678,9 @@ class StepMachine(RuleBasedStateMachine):
         if batch is None:
             return
         actor, tokens = batch
-        rows = fetch_sync(self.conns[actor], release_stmt(actor, [c for _, c in tokens]))
+        rows = fetch_sync(
+            self.conns[actor], release_stmt([replace(c, owner=actor) for _, c in tokens])
+        )
         after = self._snapshot()
         released = {row[0] for row in rows}
         expected = {c.id for _, c in tokens if self.steps[c.id].held_by(actor, c.generation)}
@@ -994,7 +1000,7 @@ def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigge
 
     def claim(limit: int) -> list[Claimed]:
         stmt = claim_stmt(queue=QUEUE, kinds=[KIND], owner=OWNERS[0], ttl=LEASE_TTL, limit=limit)
-        return parse_claimed(fetch_sync(worker, stmt), QUEUE)
+        return parse_claimed(fetch_sync(worker, stmt), QUEUE, OWNERS[0])
 
     a = enqueue()
     [held] = claim(1)
@@ -1002,7 +1008,7 @@ def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigge
     if trigger == "retry":
         b = enqueue()
         failure = decide_failure(held, RuntimeError("boom"), retry=BACKOFF, no_retry=())
-        stmts, transaction = failure_stmts(OWNERS[0], held, failure)
+        stmts, transaction = failure_stmts(held, failure)
         written = batch_sync(worker, stmts, transaction=transaction)[0]
         assert claim(2) == [], "B overtook A while A waits out its backoff"
         client.execute(f"UPDATE cyclone_steps SET scheduled_at = scheduled_at - interval '{SHIFT}'")

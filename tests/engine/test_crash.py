@@ -190,3 +190,36 @@ async def test_completion_after_reclaim_changes_nothing(
         "SELECT state, output, lease_generation, reclaims, attempt FROM cyclone_steps"
     ).fetchone()
     assert step == ("completed", 2, 2, 1, 0)
+
+
+def test_a_claim_lost_in_a_crash_cannot_be_completed_by_its_old_holder(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Claims commit without waiting for the disk, so a server crash can undo one and
+    the same generation can be issued again, even to the same client. Each claim writes
+    its own lease owner, so the first holder's completion still changes nothing."""
+    from cyclone.dbio import batch_sync
+    from cyclone.transitions import complete_stmts, parse_claimed
+
+    with cyclone.SyncClient(dsn) as producer:
+        producer.enqueue("count_exec", {})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def claim(owner: str) -> Any:
+            stmt = claim_stmt(queue="default", kinds=["count_exec"], owner=owner, ttl=30, limit=1)
+            (held,) = parse_claimed(fetch_sync(conn, stmt), "default", owner)
+            return held
+
+        first = claim("client-x/1")
+        # what a crash before the claim's WAL reached the disk leaves behind
+        db.execute(
+            "UPDATE cyclone_steps SET state = 'available', lease_owner = NULL, "
+            "lease_expiry = NULL, lease_generation = lease_generation - 1"
+        )
+        second = claim("client-x/2")
+        assert first.generation == second.generation
+        stale = batch_sync(conn, complete_stmts([(first, '"old"')]), transaction=True)[-1]
+        fresh = batch_sync(conn, complete_stmts([(second, '"new"')]), transaction=True)[-1]
+    assert stale == []
+    assert len(fresh) == 1
+    assert scalar(db, "SELECT output FROM cyclone_steps") == "new"

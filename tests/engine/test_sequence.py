@@ -63,7 +63,7 @@ def test_recheck_leaves_at_most_one_running_step_per_key(
         later = producer.enqueue("seq_record", {"n": "later"}, sequence_key="k")
     claim = claim_stmt(queue="default", kinds=["seq_record"], owner="w1", ttl=30, limit=5)
     with psycopg.connect(dsn, autocommit=True) as w1, psycopg.connect(dsn, autocommit=True) as w2:
-        (held_1,) = parse_claimed(fetch_sync(w1, claim), "default")
+        (held_1,) = parse_claimed(fetch_sync(w1, claim), "default", "w1")
         # an earlier step of the key commits, and a racing claimer (whose snapshot did
         # not see the first claim) takes it
         with cyclone.SyncClient(dsn) as producer:
@@ -83,10 +83,11 @@ def test_recheck_leaves_at_most_one_running_step_per_key(
                 (earlier.step_id,),
             ).fetchall(),
             "default",
+            "w2",
         )
         assert held_1.id == later.step_id
-        released_1 = batch_sync(w1, sequence_recheck_stmts("w1", [held_1]), transaction=True)[-1]
-        released_2 = batch_sync(w2, sequence_recheck_stmts("w2", [held_2]), transaction=True)[-1]
+        released_1 = batch_sync(w1, sequence_recheck_stmts([held_1]), transaction=True)[-1]
+        released_2 = batch_sync(w2, sequence_recheck_stmts([held_2]), transaction=True)[-1]
     running = db.execute("SELECT id FROM cyclone_steps WHERE state = 'running'").fetchall()
     assert released_1 == [(later.step_id,)]  # the later one yields to the earlier
     assert released_2 == []

@@ -147,10 +147,11 @@ UPDATE cyclone_steps s
 SET state = 'available',
     lease_owner = NULL,
     lease_expiry = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS v (id, generation)
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
+    AS v (id, generation, owner)
 WHERE s.id = v.id
   AND s.state = 'running'
-  AND s.lease_owner = %(owner)s
+  AND s.lease_owner = v.owner
   AND s.lease_generation = v.generation
   AND EXISTS (
       SELECT 1
@@ -183,12 +184,13 @@ RETURNING id;
 -- Complete held steps, each row guarded by its own CAS, and finish every run left with
 -- no active step. Runs in the transaction that locked those runs (runs_lock), after the
 -- handler's completion_tx() writes when there are any. %(steps)s is a JSON array of
--- [id, lease generation, output] triples (one text parameter for the whole batch); a
--- null output is stored as SQL NULL.
+-- [id, lease generation, lease owner, output] (one text parameter for the whole
+-- batch); a null output is stored as SQL NULL.
 WITH v AS (
     SELECT (e ->> 0)::bigint AS id,
            (e ->> 1)::bigint AS generation,
-           nullif(e -> 2, 'null'::jsonb) AS output
+           e ->> 2 AS owner,
+           nullif(e -> 3, 'null'::jsonb) AS output
     FROM jsonb_array_elements(%(steps)s::jsonb) AS e
 ), done AS (
     UPDATE cyclone_steps s
@@ -200,7 +202,7 @@ WITH v AS (
     FROM v
     WHERE s.id = v.id
       AND s.state = 'running'
-      AND s.lease_owner = %(owner)s
+      AND s.lease_owner = v.owner
       AND s.lease_generation = v.generation
     RETURNING s.id, s.run_id
 ), finished AS (
@@ -270,10 +272,11 @@ UPDATE cyclone_steps s
 SET state = 'available',
     lease_owner = NULL,
     lease_expiry = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS v (id, generation)
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
+    AS v (id, generation, owner)
 WHERE s.id = v.id
   AND s.state = 'running'
-  AND s.lease_owner = %(owner)s
+  AND s.lease_owner = v.owner
   AND s.lease_generation = v.generation
 RETURNING s.id, s.queue;
 
