@@ -188,15 +188,9 @@ class Client:
                 f"max_connections={self.max_connections} is below "
                 f"tx_slots + {ENGINE_RESERVE} = {budget}"
             )
-        handler_budget = self.max_connections - ENGINE_RESERVE
-        n_sync = sum(1 for h in handler_list if not h.is_async)
-        n_async = len(handler_list) - n_sync
-        if n_sync and n_async:
-            sync_size = max(1, round(handler_budget * n_sync / len(handler_list)))
-            sync_size = min(sync_size, handler_budget - 1) if handler_budget > 1 else 1
-            self._pool_sizes = (max(1, handler_budget - sync_size), sync_size)
-        else:
-            self._pool_sizes = (handler_budget if n_async else 0, handler_budget if n_sync else 0)
+        self._pool_sizes = _split_handler_pools(
+            self.max_connections - ENGINE_RESERVE, handler_list, self.max_connections
+        )
 
         engine_size = ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if handler_list else 0)
         self._engine_pool = AsyncConnectionPool(
@@ -665,3 +659,27 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
+
+
+def _split_handler_pools(
+    budget: int, handlers: list[Handler], max_connections: int
+) -> tuple[int, int]:
+    """(async pool size, sync pool size) for completion transactions, summing to ``budget``.
+
+    With both flavours, each gets a share in proportion to its number of kinds, at
+    least one connection each.
+
+    Raises:
+        PoolTooSmallError: both flavours registered and fewer than two connections left.
+    """
+    n_sync = sum(1 for h in handlers if not h.is_async)
+    n_async = len(handlers) - n_sync
+    if not (n_sync and n_async):
+        return (budget if n_async else 0, budget if n_sync else 0)
+    if budget < 2:
+        raise PoolTooSmallError(
+            f"max_connections={max_connections} leaves {budget} connection(s) for completion "
+            f"transactions; sync and async kinds need at least {ENGINE_RESERVE + 2}"
+        )
+    sync_size = min(budget - 1, max(1, round(budget * n_sync / len(handlers))))
+    return budget - sync_size, sync_size

@@ -88,7 +88,14 @@ class TxSlots:
 
 
 class CompletionTx:
-    """The completion transaction of one step; opened at most once, on first use."""
+    """The completion transaction of one step; opened at most once, on first use.
+
+    Opening takes a slot, a connection from the handler pool (waiting for one as long
+    as it takes) and enters a psycopg transaction block on it. Inside that block a
+    handler's own ``with tx.transaction():`` is a savepoint, and an explicit
+    ``commit()`` or ``rollback()`` by the handler is refused by psycopg: only the worker
+    ends the transaction, together with the step's completion.
+    """
 
     def __init__(
         self,
@@ -101,62 +108,90 @@ class CompletionTx:
         self._sync_pool = sync_pool
         self.async_conn: psycopg.AsyncConnection[Any] | None = None
         self.sync_conn: psycopg.Connection[Any] | None = None
+        self._async_block: psycopg.AsyncTransaction | None = None
+        self._sync_block: psycopg.Transaction | None = None
 
     @property
     def opened(self) -> bool:
-        """True once the handler asked for the transaction."""
+        """True while the transaction is open."""
         return self.async_conn is not None or self.sync_conn is not None
 
     async def open_async(self) -> psycopg.AsyncConnection[Any]:
         """The transaction's connection for an async handler (opened on first call)."""
         if self.async_conn is None:
-            if self._async_pool is None:
+            pool = self._async_pool
+            if pool is None:
                 raise ConfigurationError("completion_tx() from an async handler needs its pool")
             await self._slots.acquire_async()
             try:
-                self.async_conn = await self._async_pool.getconn()
+                conn = await pool.getconn(timeout=_FOREVER)
+                try:
+                    block = conn.transaction()
+                    await block.__aenter__()
+                except BaseException:
+                    await pool.putconn(conn)
+                    raise
             except BaseException:
                 self._slots.release()
                 raise
+            self.async_conn, self._async_block = conn, block
         return self.async_conn
 
     def open_sync(self) -> psycopg.Connection[Any]:
         """The transaction's connection for a sync handler (opened on first call)."""
         if self.sync_conn is None:
-            if self._sync_pool is None:
+            pool = self._sync_pool
+            if pool is None:
                 raise ConfigurationError("completion_tx() from a sync handler needs its pool")
             self._slots.acquire_sync()
             try:
-                self.sync_conn = self._sync_pool.getconn()
+                conn = pool.getconn(timeout=_FOREVER)
+                try:
+                    block = conn.transaction()
+                    block.__enter__()
+                except BaseException:
+                    pool.putconn(conn)
+                    raise
             except BaseException:
                 self._slots.release()
                 raise
+            self.sync_conn, self._sync_block = conn, block
         return self.sync_conn
 
     async def close_async(self, *, commit: bool) -> None:
-        """Commit or roll back, return the connection and the slot."""
-        conn, self.async_conn = self.async_conn, None
-        if conn is None or self._async_pool is None:
+        """Commit or roll back (no-op when not open); return the connection and slot.
+
+        Raises:
+            psycopg.Error: the commit failed (the transaction is then rolled back).
+        """
+        conn, block = self.async_conn, self._async_block
+        self.async_conn = self._async_block = None
+        if conn is None or block is None or self._async_pool is None:
             return
         try:
             if commit:
-                await conn.commit()
+                await block.__aexit__(None, None, None)
             else:
-                await conn.rollback()
+                await block.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
         finally:
             await self._async_pool.putconn(conn)
             self._slots.release()
 
     def close_sync(self, *, commit: bool) -> None:
-        """Commit or roll back, return the connection and the slot."""
-        conn, self.sync_conn = self.sync_conn, None
-        if conn is None or self._sync_pool is None:
+        """The synchronous twin of :meth:`close_async`."""
+        conn, block = self.sync_conn, self._sync_block
+        self.sync_conn = self._sync_block = None
+        if conn is None or block is None or self._sync_pool is None:
             return
         try:
             if commit:
-                conn.commit()
+                block.__exit__(None, None, None)
             else:
-                conn.rollback()
+                block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
         finally:
             self._sync_pool.putconn(conn)
             self._slots.release()
+
+
+_FOREVER = 365 * 24 * 3600.0
+"""Seconds to wait for a handler pool connection: the slots already bound the waiters."""

@@ -31,6 +31,7 @@ from cyclone.completer import Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
+from cyclone.errors import StepInterrupted
 from cyclone.handlers import Handler
 from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
@@ -326,48 +327,55 @@ class Worker:
         timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
         held.in_handler = True
         try:
-            if timeout_cm is None:
-                value = await handler.fn(ctx, handler.codec.decode(step.input))
-            else:
-                async with timeout_cm:
+            try:
+                if timeout_cm is None:
                     value = await handler.fn(ctx, handler.codec.decode(step.input))
-            output = self._encode_output(handler, value)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not (held.lost or held.released) or task is None:
+                else:
+                    async with timeout_cm:
+                        value = await handler.fn(ctx, handler.codec.decode(step.input))
+                output = self._encode_output(handler, value)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not (held.lost or held.released) or task is None:
+                    raise
+                task.uncancel()
+                why = "released at shutdown" if held.released else "lease lost"
+                log.info("step %d (%s): %s, handler cancelled", step.id, step.kind, why)
+                return
+            except StepInterrupted as exc:
+                if held.lost or held.released or ctx.cancelled:
+                    log.info("step %d (%s): handler stopped, step not held", step.id, step.kind)
+                    return
+                failure = self._decide(handler, step, exc)
+            except Exception as exc:
+                timed_out = timeout_cm is not None and timeout_cm.expired()
+                error: BaseException = (
+                    TimeoutError(f"step exceeded its timeout of {step.timeout} s")
+                    if timed_out
+                    else exc
+                )
+                failure = self._decide(handler, step, error, "timeout" if timed_out else None)
+            finally:
+                held.in_handler = False
+                held.completing = True
+            if failure is not None:
                 await tx.close_async(commit=False)
-                raise
-            task.uncancel()
-            await tx.close_async(commit=False)
-            why = "released at shutdown" if held.released else "lease lost"
-            log.info("step %d (%s): %s, handler cancelled", step.id, step.kind, why)
-            return
-        except Exception as exc:
-            timed_out = timeout_cm is not None and timeout_cm.expired()
-            error: BaseException = (
-                TimeoutError(f"step exceeded its timeout of {step.timeout} s") if timed_out else exc
-            )
-            failure = decide_failure(
-                step,
-                error,
-                retry=handler.retry,
-                no_retry=handler.no_retry,
-                error_kind="timeout" if timed_out else None,
-            )
+                await self._record_failure(held, failure)
+            elif held.released or held.lost:
+                return
+            elif tx.opened:
+                await self._complete_in_tx_async(handler, held, tx, output)
+            else:
+                await self._complete_batched(held, output)
         finally:
-            held.in_handler = False
-            held.completing = True
-        if failure is not None:
-            await tx.close_async(commit=False)
-            await self._record_failure(held, failure)
-            return
-        if held.released or held.lost:
-            await tx.close_async(commit=False)
-            return
-        if tx.async_conn is not None:
-            await self._complete_in_tx_async(held, tx, output)
-        else:
-            await self._complete_batched(held, output)
+            await tx.close_async(commit=False)  # whatever happened: never leak a slot
+
+    def _decide(
+        self, handler: Handler, step: Claimed, exc: BaseException, kind: str | None = None
+    ) -> Failure:
+        return decide_failure(
+            step, exc, retry=handler.retry, no_retry=handler.no_retry, error_kind=kind
+        )
 
     async def _execute_sync(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
         step = held.step
@@ -380,24 +388,21 @@ class Worker:
             result = await asyncio.wait_for(asyncio.shield(future), step.timeout)
         except TimeoutError:
             # A thread cannot be killed: record the timeout now (the slot stays busy
-            # until the thread returns; its late completion is fenced by the generation).
+            # until the thread returns; its late completion is fenced by the CAS).
             timed_out = True
             held.ctx._cancelled = True
             exc = TimeoutError(f"step exceeded its timeout of {step.timeout} s")
-            await self._record_failure(
-                held,
-                decide_failure(
-                    step, exc, retry=handler.retry, no_retry=handler.no_retry, error_kind="timeout"
-                ),
-            )
+            await self._record_failure(held, self._decide(handler, step, exc, "timeout"))
             result = await future
-        if timed_out or result is None:
+        if result is None:
             return
         kind, payload = result
-        if kind == "failed":
-            await self._record_failure(held, payload)
-        elif kind == "completed":
+        if kind == "completed":  # committed in its transaction, even if the timeout fired
             self._after_completion(held, run_finished=payload)
+        elif timed_out:
+            return
+        elif kind == "failed":
+            await self._record_failure(held, payload)
         elif kind == "output" and not (held.released or held.lost):
             await self._complete_batched(held, payload)
 
@@ -407,41 +412,46 @@ class Worker:
     def _run_sync_handler(
         self, handler: Handler, held: _Held, tx: CompletionTx
     ) -> tuple[str, Any] | None:
-        """In a handler thread: run it, and complete in its completion tx if opened."""
+        """In a handler thread: run it, and complete in its completion tx if opened.
+
+        Returns ``("output", json)`` for the completer, ``("completed", run_finished)``,
+        ``("failed", Failure)``, or ``None`` when there is nothing to record.
+        """
         step, ctx = held.step, held.ctx
         held.in_handler = True
         try:
-            value = handler.fn(ctx, handler.codec.decode(step.input))
-            output = self._encode_output(handler, value)
-        except Exception as exc:
-            tx.close_sync(commit=False)
-            return "failed", decide_failure(
-                step, exc, retry=handler.retry, no_retry=handler.no_retry
-            )
+            try:
+                value = handler.fn(ctx, handler.codec.decode(step.input))
+                output = self._encode_output(handler, value)
+            except StepInterrupted as exc:
+                if held.lost or held.released or ctx.cancelled:
+                    return None
+                return "failed", self._decide(handler, step, exc)
+            except Exception as exc:
+                return "failed", self._decide(handler, step, exc)
+            finally:
+                held.in_handler = False
+                held.completing = True
+            if not tx.opened:
+                return "output", output
+            if held.released or held.lost or ctx.cancelled:
+                return None
+            assert tx.sync_conn is not None
+            try:
+                rows = batch_sync(tx.sync_conn, complete_stmts([(step, output)]), transaction=False)
+                done, finished = parse_completed(rows[-1])
+                if step.id not in done:
+                    log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+                    return None
+                tx.close_sync(commit=True)
+            except Exception as exc:
+                log.warning(
+                    "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc
+                )
+                return "failed", self._decide(handler, step, exc)
+            return "completed", step.run_id in finished
         finally:
-            held.in_handler = False
-            held.completing = True
-        if tx.sync_conn is None:
-            return "output", output
-        if held.released or held.lost or ctx.cancelled:
-            tx.close_sync(commit=False)
-            return None
-        try:
-            rows = batch_sync(
-                tx.sync_conn,
-                complete_stmts([(step, output)]),
-                transaction=False,
-            )
-        except Exception:
-            tx.close_sync(commit=False)
-            raise
-        done, finished = parse_completed(rows[-1])
-        if step.id not in done:
-            tx.close_sync(commit=False)
-            log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
-            return None
-        tx.close_sync(commit=True)
-        return "completed", step.run_id in finished
+            tx.close_sync(commit=False)  # whatever happened: never leak a slot
 
     def _encode_output(self, handler: Handler, value: Any) -> str | None:
         if not handler.has_output:
@@ -449,22 +459,29 @@ class Worker:
         return encode_json(handler.codec.encode(value), f"output of kind {handler.kind!r}")
 
     async def _complete_in_tx_async(
-        self, held: _Held, tx: CompletionTx, output: str | None
+        self, handler: Handler, held: _Held, tx: CompletionTx, output: str | None
     ) -> None:
+        """Complete the step inside its completion transaction and commit both.
+
+        A failure there (the completion statement, or the commit: a deferred constraint,
+        a serialization failure, an error the handler swallowed) is a failed attempt.
+        """
         step = held.step
         conn = tx.async_conn
         assert conn is not None
         try:
             rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-        except Exception:
+            done, finished = parse_completed(rows[-1])
+            if step.id not in done:
+                await tx.close_async(commit=False)
+                log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+                return
+            await tx.close_async(commit=True)
+        except Exception as exc:
             await tx.close_async(commit=False)
-            raise
-        done, finished = parse_completed(rows[-1])
-        if step.id not in done:
-            await tx.close_async(commit=False)
-            log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+            log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
+            await self._record_failure(held, self._decide(handler, step, exc))
             return
-        await tx.close_async(commit=True)
         self._after_completion(held, run_finished=step.run_id in finished)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:

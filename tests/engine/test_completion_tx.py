@@ -1,0 +1,128 @@
+"""The completion transaction: its boundaries belong to the worker, its failures are
+failed attempts, and its slots are never lost (engine-design, ctx.CompletionTx())."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+import cyclone
+from tests.helpers import scalar
+
+
+@pytest.fixture
+def ledger(db: psycopg.Connection[Any]) -> None:
+    db.execute("CREATE TABLE ledger (run_id bigint, item text)")
+
+
+async def test_interrupted_handler_gives_its_slot_back(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
+    """A sync handler that opened its transaction and then stops with
+    ctx.raise_if_cancelled() (at its timeout) returns the only tx slot: the next
+    handler still gets a transaction."""
+
+    @cyclone.action("loops", timeout=0.3, max_attempts=1)
+    def loops(ctx: cyclone.Context, inp: Any) -> None:
+        ctx.completion_tx().execute("INSERT INTO ledger VALUES (%s, 'loops')", (ctx.run_id,))
+        while True:
+            ctx.raise_if_cancelled()
+            time.sleep(0.01)
+
+    @cyclone.action("writes")
+    def writes(ctx: cyclone.Context, inp: Any) -> None:
+        ctx.completion_tx().execute("INSERT INTO ledger VALUES (%s, 'writes')", (ctx.run_id,))
+
+    async with cyclone.Client(dsn, handlers=[loops, writes], tx_slots=1) as client:
+        first = await client.wait(await client.enqueue(loops), timeout=30)
+        second = await client.wait(await client.enqueue(writes), timeout=30)
+    assert first.state == cyclone.RunState.FAILED
+    assert second.state == cyclone.RunState.COMPLETED
+    assert db.execute("SELECT item FROM ledger").fetchall() == [("writes",)]
+
+
+async def test_handler_transaction_blocks_are_savepoints(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
+    """``with tx.transaction():`` inside a handler is a savepoint of the completion
+    transaction: when the handler then fails, nothing it wrote commits."""
+
+    @cyclone.action("nested", max_attempts=1)
+    async def nested(ctx: cyclone.Context, inp: Any) -> None:
+        tx = await ctx.completion_tx()
+        async with tx.transaction():
+            await tx.execute("INSERT INTO ledger VALUES (%s, 'nested')", (ctx.run_id,))
+        raise RuntimeError("after the block")
+
+    @cyclone.action("commits_itself", max_attempts=1)
+    def commits_itself(ctx: cyclone.Context, inp: Any) -> None:
+        tx = ctx.completion_tx()
+        tx.execute("INSERT INTO ledger VALUES (%s, 'own commit')", (ctx.run_id,))
+        tx.commit()
+
+    async with cyclone.Client(dsn, handlers=[nested, commits_itself]) as client:
+        runs = [
+            await client.wait(await client.enqueue(kind), timeout=30)
+            for kind in (nested, commits_itself)
+        ]
+        steps = [(await client.list_steps(run))[0] for run in runs]
+    assert [r.state for r in runs] == [cyclone.RunState.FAILED] * 2
+    assert "forbidden" in (steps[1].error or "")
+    assert scalar(db, "SELECT count(*) FROM ledger") == 0
+
+
+async def test_a_commit_that_fails_is_a_failed_attempt(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A deferred constraint that fails at COMMIT: the attempt is counted with the
+    database's error, not left to the sweep as a lost lease."""
+    db.execute(
+        "CREATE TABLE receipts (order_id int, CONSTRAINT one_receipt UNIQUE (order_id) "
+        "DEFERRABLE INITIALLY DEFERRED)"
+    )
+
+    @cyclone.action("receipt", max_attempts=2, retry=cyclone.RetryPolicy(base=0.05, jitter=0))
+    async def receipt(ctx: cyclone.Context, inp: Any) -> None:
+        tx = await ctx.completion_tx()
+        await tx.execute("INSERT INTO receipts VALUES (1), (1)")
+
+    async with cyclone.Client(dsn, handlers=[receipt]) as client:
+        run = await client.wait(await client.enqueue(receipt), timeout=30)
+        (step,) = await client.list_steps(run)
+    assert run.state == cyclone.RunState.FAILED
+    assert (step.attempt, step.reclaims, step.error_kind) == (2, 0, "exception")
+    assert "one_receipt" in (step.error or "")
+    assert scalar(db, "SELECT count(*) FROM receipts") == 0
+
+
+async def test_sync_and_async_kinds_share_the_transaction_budget(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
+    """With both flavours and the smallest budget, handlers wait for a connection of
+    their flavour as long as needed instead of failing on a pool timeout."""
+
+    @cyclone.action("slow_async")
+    async def slow_async(ctx: cyclone.Context, inp: Any) -> None:
+        tx = await ctx.completion_tx()
+        await tx.execute("INSERT INTO ledger VALUES (%s, 'async')", (ctx.run_id,))
+        await asyncio.sleep(0.3)
+
+    @cyclone.action("slow_sync")
+    def slow_sync(ctx: cyclone.Context, inp: Any) -> None:
+        ctx.completion_tx().execute("INSERT INTO ledger VALUES (%s, 'sync')", (ctx.run_id,))
+        time.sleep(0.3)
+
+    client = cyclone.Client(
+        dsn, handlers=[slow_async, slow_sync], queues={"default": 6}, tx_slots=2, max_connections=8
+    )
+    async with client:
+        jobs = [await client.enqueue(k) for k in (slow_async, slow_sync) * 3]
+        runs = [await client.wait(job, timeout=60) for job in jobs]
+    assert [r.state for r in runs] == [cyclone.RunState.COMPLETED] * 6
+    assert scalar(db, "SELECT count(*) FROM ledger") == 6
+    with pytest.raises(cyclone.PoolTooSmallError, match="need at least 8"):
+        cyclone.Client(dsn, handlers=[slow_async, slow_sync], tx_slots=1, max_connections=7)
