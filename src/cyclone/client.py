@@ -5,10 +5,8 @@ python-api.md, Client. A client built with handlers runs workers when started
 connection. A client with no handlers never claims or scans; it only enqueues and
 inspects. Connections (decisions.md, Connections and pools):
 
-* the lease pool, 2 autocommit connections for claims and heartbeats, which commit
-  without waiting for the WAL flush (``synchronous_commit = off``): a claim lost in a
-  server crash only makes its step claimable again (its handler's completion is fenced
-  by the generation), so the claim path skips one disk flush;
+* the lease pool, 2 autocommit connections for claims and heartbeats only, so that they
+  never wait behind completions, the sweep or producer calls;
 * the engine pool, 3 autocommit connections (5 without handlers) for completions
   without a completion transaction, failures, the sweep, wakeups, and the producer and
   inspection calls when no pool is passed in;
@@ -202,12 +200,7 @@ class Client:
             name="cyclone-engine",
         )
         self._lease_pool = AsyncConnectionPool(
-            engine_conninfo(
-                base,
-                schema=schema,
-                application_name="cyclone-lease",
-                settings={"synchronous_commit": "off"},
-            ),
+            engine_conninfo(base, schema=schema, application_name="cyclone-lease"),
             min_size=1,
             max_size=LEASE_CONNECTIONS,
             kwargs={"autocommit": True},

@@ -8,7 +8,6 @@ schema qualification, and carries an ``application_name`` that says what it serv
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -32,17 +31,10 @@ def connect_kwargs(schema: str) -> dict[str, Any]:
     return {"options": f"-c search_path={check_schema_name(schema)}"}
 
 
-def engine_conninfo(
-    conninfo: str,
-    *,
-    schema: str,
-    application_name: str,
-    settings: Mapping[str, str] | None = None,
-) -> str:
+def engine_conninfo(conninfo: str, *, schema: str, application_name: str) -> str:
     """``conninfo`` with the schema's ``search_path`` and an ``application_name`` added.
 
-    Options already present in ``conninfo`` are kept; the search path and any other
-    server ``settings`` (name -> value, plain identifiers) are appended.
+    Options already present in ``conninfo`` are kept; the search path is appended.
 
     Raises:
         ValidationError: ``conninfo`` cannot be parsed, or ``schema`` is not an identifier.
@@ -53,7 +45,6 @@ def engine_conninfo(
     except Exception as exc:
         raise ValidationError(f"cannot parse the connection string: {exc}") from exc
     options = str(params.get("options") or "")
-    extra = "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
-    params["options"] = f"{options} -c search_path={schema}{extra}".strip()
+    params["options"] = f"{options} -c search_path={schema}".strip()
     params.setdefault("application_name", application_name)
     return make_conninfo("", **params)

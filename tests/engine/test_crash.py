@@ -195,9 +195,10 @@ async def test_completion_after_reclaim_changes_nothing(
 def test_a_claim_lost_in_a_crash_cannot_be_completed_by_its_old_holder(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
-    """Claims commit without waiting for the disk, so a server crash can undo one and
-    the same generation can be issued again, even to the same client. Each claim writes
-    its own lease owner, so the first holder's completion still changes nothing."""
+    """A claim undone by the server (a crash of a server run with synchronous_commit
+    off, a restore) lets the same generation be issued again, even to the same client.
+    Each claim writes its own lease owner, so the first holder's completion still
+    changes nothing."""
     from cyclone.dbio import batch_sync
     from cyclone.transitions import complete_stmts, parse_claimed
 

@@ -103,20 +103,3 @@ def test_sync_client_round_trip(dsn: str) -> None:
     assert run.state == cyclone.RunState.RUNNING and run.input == {"x": 1}
     assert step.queue == "elsewhere" and step.state == cyclone.StepState.AVAILABLE
     assert cancelled.state == cyclone.RunState.CANCELLED
-
-
-async def test_only_claims_and_heartbeats_skip_the_flush_wait(dsn: str) -> None:
-    """The lease pool commits without waiting for the WAL flush (a lost claim only
-    makes its step claimable again); completions, enqueues and the rest stay durable."""
-
-    @cyclone.action("noop")
-    async def noop(ctx: cyclone.Context, inp: Any) -> None:
-        return None
-
-    async with cyclone.Client(dsn, handlers=[noop]) as client:
-        async with client._lease_pool.connection() as conn:
-            lease = await (await conn.execute("SHOW synchronous_commit")).fetchone()
-        async with client._engine_pool.connection() as conn:
-            engine = await (await conn.execute("SHOW synchronous_commit")).fetchone()
-    assert lease == ("off",)
-    assert engine == ("on",)
