@@ -15,6 +15,7 @@ import contextlib
 import logging
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import batch_async
@@ -87,7 +88,7 @@ class Completer:
                 async with self._pool.connection() as conn:
                     rows = await batch_async(conn, stmts, transaction=True, after=announce)
                 break
-            except Exception as exc:
+            except psycopg.OperationalError as exc:  # the connection or the server
                 if attempt == WRITE_RETRIES - 1:
                     for _, _, future in batch:
                         if not future.done():
@@ -95,6 +96,18 @@ class Completer:
                     return
                 log.warning("completing %d steps failed, retrying: %s", len(batch), exc)
                 await asyncio.sleep(error_backoff(attempt))
+            except Exception as exc:
+                if len(batch) == 1:
+                    _, _, future = batch[0]
+                    if not future.done():
+                        future.set_exception(exc)
+                    return
+                # Something in the batch cannot be written: complete each step alone,
+                # so that only the step at fault fails.
+                log.warning("completing %d steps failed, one by one now: %s", len(batch), exc)
+                for item in batch:
+                    await self._flush([item])
+                return
         done, finished = parse_completed(rows[-1])
         for step, _, future in batch:
             if not future.done():

@@ -11,6 +11,7 @@ handler returns. The engine's reserve of connections is never lent to it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from typing import Any
@@ -172,7 +173,8 @@ class CompletionTx:
             if commit:
                 await block.__aexit__(None, None, None)
             else:
-                await block.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
+                with contextlib.suppress(psycopg.Error):  # a broken connection rolls back
+                    await block.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
         finally:
             await self._async_pool.putconn(conn)
             self._slots.release()
@@ -187,7 +189,8 @@ class CompletionTx:
             if commit:
                 block.__exit__(None, None, None)
             else:
-                block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
+                with contextlib.suppress(psycopg.Error):  # a broken connection rolls back
+                    block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
         finally:
             self._sync_pool.putconn(conn)
             self._slots.release()

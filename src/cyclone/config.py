@@ -122,12 +122,14 @@ class ClientConfig:
             )
         if conn.closed:
             raise ValidationError(f"connection {conn!r} is closed")
-        if conn.autocommit:
-            raise ValidationError(
-                f"connection {conn!r} is in autocommit mode; *_tx calls join a transaction"
-            )
-        if conn.info.transaction_status == pq.TransactionStatus.INERROR:
+        status = conn.info.transaction_status
+        if status == pq.TransactionStatus.INERROR:
             raise ValidationError(f"connection {conn!r} is in a failed transaction")
+        if conn.autocommit and status == pq.TransactionStatus.IDLE:
+            raise ValidationError(
+                f"connection {conn!r} is in autocommit mode outside a transaction; "
+                "*_tx calls join a transaction"
+            )
 
     def track(self, conn: Any, queues: Iterable[str]) -> None:
         """Record queues for the tracker of ``conn``, if it is tracked."""

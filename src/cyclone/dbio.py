@@ -61,15 +61,24 @@ _COMMIT_STMT = Stmt("COMMIT")
 
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
-    """Run one statement; its rows as tuples (empty for a statement with no result)."""
+    """Run one statement; its rows as tuples (empty for a statement with no result).
+
+    Works on a connection in pipeline mode too (fetching forces the results).
+    """
     cur = await conn.execute(stmt.sql, stmt.params)
-    return await cur.fetchall() if cur.description is not None else []
+    try:
+        return await cur.fetchall()
+    except psycopg.ProgrammingError:  # the statement returns no rows
+        return []
 
 
 def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> Rows:
-    """Run one statement; its rows as tuples (empty for a statement with no result)."""
+    """The synchronous twin of :func:`fetch_async`."""
     cur = conn.execute(stmt.sql, stmt.params)
-    return cur.fetchall() if cur.description is not None else []
+    try:
+        return cur.fetchall()
+    except psycopg.ProgrammingError:  # the statement returns no rows
+        return []
 
 
 async def fetch_dicts_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> list[dict[str, Any]]:

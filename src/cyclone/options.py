@@ -76,7 +76,10 @@ def check_text(value: Any, name: str, *, max_bytes: int = MAX_KEY_BYTES) -> str:
         raise ValidationError(f"{name} must not be empty")
     if "\x00" in value:
         raise ValidationError(f"{name} must not contain NUL, got {value!r}")
-    size = len(value.encode("utf-8"))
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValidationError(f"{name} holds a lone surrogate, not UTF-8: {value!a}") from None
     if size > max_bytes:
         raise ValidationError(f"{name} is {size} bytes, over the {max_bytes}-byte cap: {value!r}")
     return value

@@ -16,7 +16,7 @@ from typing import Any
 
 from cyclone.errors import ValidationError
 
-__all__ = ["Codec", "codec_for", "encode_json", "find_nul"]
+__all__ = ["MAX_JSON_BYTES", "Codec", "clean_text", "codec_for", "encode_json", "find_nul"]
 
 _encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
@@ -40,6 +40,10 @@ def find_nul(value: Any, path: str = "$") -> str | None:
     return None
 
 
+MAX_JSON_BYTES = 255 * 1024 * 1024
+"""Largest JSON text accepted: PostgreSQL refuses jsonb values from 256 MiB on."""
+
+
 def encode_json(value: Any, what: str) -> str:
     """Encode ``value`` as JSON text for a ``jsonb`` column.
 
@@ -50,20 +54,49 @@ def encode_json(value: Any, what: str) -> str:
 
     Raises:
         ValidationError: the value is not JSON (a set, an arbitrary object, NaN or
-            infinity) or holds NUL in a string.
+            infinity), is nested too deeply, holds NUL or a lone surrogate in a
+            string, or is over 255 MiB encoded.
     """
     try:
         text = _encoder.encode(value)
     except (TypeError, ValueError) as exc:
         raise ValidationError(f"{what} is not a JSON value ({exc}): {_short(value)}") from exc
+    except RecursionError:
+        raise ValidationError(f"{what} is nested too deeply to encode as JSON") from None
     if "\\u0000" in text:
-        path = find_nul(value) or "$"
-        raise ValidationError(f"{what} holds a NUL character at {path}; jsonb cannot store it")
+        try:
+            path = find_nul(value)
+        except RecursionError:
+            path = "$"
+        if path is not None:  # not an escaped backslash followed by "u0000"
+            raise ValidationError(f"{what} holds a NUL character at {path}; jsonb cannot store it")
+    size = len(text)
+    if not text.isascii():
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start : exc.end]
+            raise ValidationError(f"{what} holds a lone surrogate ({bad!a}), not UTF-8") from None
+    if size > MAX_JSON_BYTES:
+        raise ValidationError(f"{what} is {size} bytes of JSON, over the 255 MiB limit")
+    return text
+
+
+def clean_text(text: str) -> str:
+    """``text`` made storable in a ``text`` column: NUL shown as ``\\0``, lone
+    surrogates replaced. For error messages and tracebacks, which come from anywhere."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\0")
+    if not text.isascii():
+        text = text.encode("utf-8", "replace").decode("utf-8")
     return text
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails (an int too long to print, a broken __repr__)
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 200 else text[:197] + "..."
 
 

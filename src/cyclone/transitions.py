@@ -16,6 +16,7 @@ from typing import Any
 from cyclone.dbio import Rows, Stmt, int_array
 from cyclone.errors import Discard
 from cyclone.options import micros
+from cyclone.payloads import clean_text
 from cyclone.retry import RetryPolicy
 from cyclone.sql import Q
 
@@ -169,8 +170,12 @@ def decide_failure(
     """
     immediate = isinstance(exc, (Discard, *no_retry))
     kind = error_kind or ("discard" if immediate else "exception")
-    message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    stack = "".join(traceback.format_exception(exc))
+    try:
+        text = str(exc)
+    except Exception:  # a __str__ that fails
+        text = ""
+    message = clean_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    stack = clean_text("".join(traceback.format_exception(exc)))
     failures = step.attempt + 1
     discard = immediate or failures >= step.max_attempts
     return Failure(

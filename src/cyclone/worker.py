@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.completer import Completer
@@ -485,7 +486,15 @@ class Worker:
         self._after_completion(held, run_finished=step.run_id in finished)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:
-        completed, _ = await self._completer.complete(held.step, output)
+        try:
+            completed, _ = await self._completer.complete(held.step, output)
+        except psycopg.OperationalError:
+            raise  # the database is gone: the sweep will give the step back
+        except Exception as exc:
+            log.warning("step %d (%s): completion failed: %s", held.step.id, held.step.kind, exc)
+            handler = self._handlers[held.step.kind]
+            await self._record_failure(held, self._decide(handler, held.step, exc))
+            return
         if not completed:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
         # the completer announced finished runs after its commit
