@@ -50,7 +50,7 @@ from cyclone.errors import (
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
-from cyclone.options import Duration, check_int, check_queue, seconds
+from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, seconds
 from cyclone.producer import (
     KindTarget,
     enqueue_many_stmt,
@@ -152,14 +152,20 @@ class Client:
             )
         self._conninfo = base
         self._engine_conninfo = engine_conninfo(base, schema=schema, application_name="cyclone")
-        self.lease_ttl = seconds(lease_ttl, "lease_ttl") or 30.0
-        self.poll_interval = seconds(poll_interval, "poll_interval") or 1.0
-        self.notify_coalesce = seconds(notify_coalesce, "notify_coalesce", allow_zero=True) or 0.0
+        self.lease_ttl = seconds(lease_ttl, "lease_ttl", minimum=0.01, maximum=DAY) or 30.0
+        self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
+        self.notify_coalesce = (
+            seconds(notify_coalesce, "notify_coalesce", allow_zero=True, maximum=60) or 0.0
+        )
         self.max_reclaims = check_int(max_reclaims, "max_reclaims", 0)
-        self.shutdown_grace = seconds(shutdown_grace, "shutdown_grace", allow_zero=True) or 0.0
+        self.shutdown_grace = (
+            seconds(shutdown_grace, "shutdown_grace", allow_zero=True, maximum=DAY) or 0.0
+        )
         self.claim_batch = check_int(claim_batch, "claim_batch", 1, 1000)
         default_sweep = min(self.lease_ttl / 3, 10.0)
-        self.sweep_interval = seconds(sweep_interval, "sweep_interval") or default_sweep
+        self.sweep_interval = (
+            seconds(sweep_interval, "sweep_interval", maximum=HOUR) or default_sweep
+        )
         self.owner = _owner_id()
 
         handler_list = list(self.config.handlers.values())

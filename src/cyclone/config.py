@@ -15,7 +15,7 @@ from psycopg import pq
 
 from cyclone.errors import ValidationError
 from cyclone.handlers import Handler
-from cyclone.options import Duration, check_int, seconds
+from cyclone.options import Duration, check_int, check_text, seconds
 from cyclone.producer import EnqueueRequest, KindTarget
 from cyclone.states import RunState
 
@@ -156,6 +156,6 @@ def list_runs_params(
     check_int(limit, "limit", 1, 100_000)
     if before is not None:
         check_int(before, "before", 1, 2**63 - 1)
-    if workflow is not None and not isinstance(workflow, str):
-        raise ValidationError(f"workflow must be a string, got {workflow!r}")
+    if workflow is not None:
+        check_text(workflow, "workflow")
     return {"state": state, "workflow": workflow, "limit": limit, "before_id": before}

@@ -16,13 +16,16 @@ from cyclone.errors import ValidationError
 
 __all__ = ["check_schema_name", "connect_kwargs", "engine_conninfo"]
 
-_SCHEMA = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def check_schema_name(schema: str) -> str:
-    """Return ``schema`` if it is a plain identifier, else raise ``ValidationError``."""
+    """Return ``schema`` if it is a plain lower-case identifier, else raise
+    ``ValidationError`` (a name that needs quoting would not survive ``search_path``)."""
     if not isinstance(schema, str) or not _SCHEMA.match(schema):
-        raise ValidationError(f"schema must be a plain identifier, got {schema!r}")
+        raise ValidationError(
+            f"schema must be a plain identifier (lower-case a-z, 0-9, _), got {schema!r}"
+        )
     return schema
 
 

@@ -42,12 +42,25 @@ ScheduleAt = datetime | timedelta
 """When a job becomes claimable: an aware datetime, or a delay from the database's now()."""
 
 
-def seconds(value: Duration | None, name: str, *, allow_zero: bool = False) -> float | None:
+CENTURY = 100 * 365.25 * 24 * 3600.0
+"""The longest duration accepted by default (100 years): it fits PostgreSQL intervals."""
+DAY = 24 * 3600.0
+HOUR = 3600.0
+
+
+def seconds(
+    value: Duration | None,
+    name: str,
+    *,
+    allow_zero: bool = False,
+    minimum: float = 0.0,
+    maximum: float = CENTURY,
+) -> float | None:
     """``value`` as seconds (``None`` passes through).
 
     Raises:
-        ValidationError: not a duration, not finite, negative, or zero when
-            ``allow_zero`` is false.
+        ValidationError: not a duration, not finite, negative, zero when ``allow_zero``
+            is false, or outside ``[minimum, maximum]`` seconds.
     """
     if value is None:
         return None
@@ -60,6 +73,10 @@ def seconds(value: Duration | None, name: str, *, allow_zero: bool = False) -> f
     if not math.isfinite(result) or result < 0 or (result == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "positive"
         raise ValidationError(f"{name} must be {bound}, got {value!r}")
+    if result > maximum or (result and result < minimum):
+        raise ValidationError(
+            f"{name} must be between {minimum:g} and {maximum:g} seconds, got {value!r}"
+        )
     return result
 
 
@@ -146,7 +163,7 @@ class JobOptions:
             queue=check_queue(queue),
             priority=check_int(priority, "priority", -INT32_MAX - 1),
             max_attempts=check_int(max_attempts, "max_attempts", 1),
-            timeout=seconds(timeout, "timeout"),
+            timeout=seconds(timeout, "timeout", minimum=0.001),
             retention=seconds(retention, "retention", allow_zero=True),
         )
 

@@ -16,7 +16,15 @@ from typing import Any
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import StateError, ValidationError
 from cyclone.handlers import Handler
-from cyclone.options import Duration, JobOptions, check_aware, check_kind, check_text, micros
+from cyclone.options import (
+    Duration,
+    JobOptions,
+    check_aware,
+    check_kind,
+    check_text,
+    micros,
+    seconds,
+)
 from cyclone.payloads import encode_json
 from cyclone.records import Enqueued
 from cyclone.sql import Q
@@ -98,11 +106,7 @@ class EnqueueRequest:
         at: datetime | None = None
         delay: float = 0.0
         if isinstance(scheduled_at, timedelta):
-            delay = scheduled_at.total_seconds()
-            if delay < 0:
-                raise ValidationError(
-                    f"scheduled_at delay must not be negative, got {scheduled_at!r}"
-                )
+            delay = seconds(scheduled_at, "scheduled_at delay", allow_zero=True) or 0.0
         elif scheduled_at is not None:
             at = check_aware(scheduled_at, "scheduled_at")
         if unique_key is not None:

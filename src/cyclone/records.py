@@ -143,6 +143,6 @@ def run_id_of(ref: Any) -> int:
     if isinstance(ref, Run):
         return ref.id
     value = getattr(ref, "run_id", ref)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63:
         return value
     raise ValidationError(f"expected a run id or a run handle, got {ref!r}")

@@ -30,7 +30,7 @@ from cyclone.notify import (
     runs_in_payload,
     wakeup_statement,
 )
-from cyclone.options import Duration, seconds
+from cyclone.options import HOUR, Duration, seconds
 from cyclone.producer import (
     KindTarget,
     enqueue_many_stmt,
@@ -79,7 +79,7 @@ class SyncClient:
         self.config = ClientConfig(
             handlers=handlers, schema=schema, retention=retention, notify=notify
         )
-        self.poll_interval = seconds(poll_interval, "poll_interval") or 1.0
+        self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
         if isinstance(conninfo, ConnectionPool):
             base = conninfo.conninfo
             if not isinstance(base, str):

@@ -17,6 +17,14 @@ import pytest
 import cyclone
 from tests.helpers import scalar
 
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 BAD_ENQUEUES: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
     ("queue over 256 bytes", ("k", {}), {"queue": "q" * 257}, "257 bytes"),
     ("multibyte queue over 256 bytes", ("k", {}), {"queue": "é" * 129}, "258 bytes"),
@@ -56,7 +64,15 @@ BAD_ENQUEUES: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
         {"scheduled_at": datetime(2030, 1, 1)},
         "timezone-aware, got naive",
     ),
-    ("negative delay", ("k", {}), {"scheduled_at": timedelta(seconds=-5)}, "must not be negative"),
+    ("negative delay", ("k", {}), {"scheduled_at": timedelta(seconds=-5)}, "zero or more"),
+    ("delay past a century", ("k", {}), {"scheduled_at": timedelta.max}, "between 0 and"),
+    ("timeout past a century", ("k", {}), {"timeout": 1e15}, "timeout must be between"),
+    ("timeout under a millisecond", ("k", {}), {"timeout": 1e-7}, "timeout must be between"),
+    ("lone surrogate in kind", ("a\ud800", {}), {}, "lone surrogate"),
+    ("lone surrogate in queue", ("k", {}), {"queue": "q\udfff"}, "lone surrogate"),
+    ("lone surrogate in input", ("k", {"s": "x\ud800"}), {}, "lone surrogate"),
+    ("input nested too deeply", ("k", _nested(5000)), {}, "nested too deeply"),
+    ("int too long to print", ("k", {"n": 10**5000}), {}, "not a JSON value"),
     ("priority beyond int32", ("k", {}), {"priority": 2**31}, "priority must be between"),
     ("priority is a bool", ("k", {}), {"priority": True}, "priority must be an integer, got True"),
     ("NUL in unique_key", ("k", {}), {"unique_key": "a\x00"}, "unique_key must not contain NUL"),
@@ -185,6 +201,12 @@ def test_bad_client_options(dsn: str) -> None:
         cyclone.Client(dsn, handlers=[lambda ctx, inp: None])  # type: ignore[list-item]
     with pytest.raises(cyclone.ValidationError, match="schema must be a plain identifier"):
         cyclone.Client(dsn, schema="x; drop table y")
+    with pytest.raises(cyclone.ValidationError, match="got 'MySchema'"):
+        cyclone.Client(dsn, schema="MySchema")
+    with pytest.raises(cyclone.ValidationError, match="lease_ttl must be between"):
+        cyclone.Client(dsn, lease_ttl=1e15)
+    with pytest.raises(cyclone.ValidationError, match="retention must be between"):
+        cyclone.Client(dsn, retention=1e300)
     with pytest.raises(cyclone.ValidationError, match="max_reclaims must be between 0"):
         cyclone.Client(dsn, max_reclaims=-1)
 
@@ -197,6 +219,10 @@ async def test_bad_run_references(dsn: str) -> None:
             await client.get_run("abc")  # type: ignore[arg-type]
         with pytest.raises(cyclone.ValidationError, match="got -1"):
             await client.cancel(-1)
+        with pytest.raises(cyclone.ValidationError, match="got 9223372036854775808"):
+            await client.cancel(2**63)
+        with pytest.raises(cyclone.ValidationError, match="workflow must not contain NUL"):
+            await client.list_runs(workflow="\x00")
         with pytest.raises(cyclone.NotFoundError, match="run 123456 does not exist"):
             await client.get_run(123456)
         with pytest.raises(cyclone.ValidationError, match="timeout must be zero or more"):
@@ -219,3 +245,10 @@ async def test_unmigrated_database_and_unreachable_server_fail_at_once(empty_dsn
         cyclone.SyncClient(empty_dsn).enqueue("k", {})
     with pytest.raises(psycopg.OperationalError):
         await cyclone.Client("host=127.0.0.1 port=1 user=nobody dbname=none").enqueue("k", {})
+
+
+async def test_escaped_backslash_u0000_is_plain_text(dsn: str) -> None:
+    """A backslash followed by "u0000" is not a NUL: it is stored and read back."""
+    async with cyclone.Client(dsn) as client:
+        job = await client.enqueue("k", {"path": "C:\\u0000dir"})
+        assert (await client.get_run(job)).input == {"path": "C:\\u0000dir"}
