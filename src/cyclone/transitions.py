@@ -67,13 +67,26 @@ class Claimed:
     owner: str
 
 
-def claim_stmt(*, queue: str, kinds: Sequence[str], owner: str, ttl: float, limit: int) -> Stmt:
-    """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease."""
+def claim_stmt(
+    *,
+    queue: str,
+    kinds: Sequence[str],
+    owner: str,
+    ttl: float,
+    limit: int,
+    timeouts: Sequence[float | None] | None = None,
+) -> Stmt:
+    """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
+
+    ``timeouts`` (seconds, aligned with ``kinds``) are the kinds' declared timeouts,
+    applied to a claimed step that has none.
+    """
     return Stmt(
         Q.steps_claim,
         {
             "queue": queue,
             "kinds": list(kinds),
+            "timeouts_us": [micros(t) for t in (timeouts or [None] * len(kinds))],
             "owner": owner,
             "ttl_us": micros(ttl),
             "limit": limit,

@@ -112,6 +112,7 @@ class Worker:
         self.settings = settings
         self._handlers = dict(handlers)
         self._kinds = sorted(self._handlers)
+        self._kind_timeouts = [self._handlers[k].options.timeout for k in self._kinds]
         self._pool = pool
         self._lease_pool = lease_pool
         self._slots = slots
@@ -261,6 +262,7 @@ class Worker:
         stmt = claim_stmt(
             queue=queue.name,
             kinds=self._kinds,
+            timeouts=self._kind_timeouts,
             owner=owner,
             ttl=self.settings.lease_ttl,
             limit=limit,

@@ -314,3 +314,20 @@ async def test_wait_times_out_and_not_found(dsn: str) -> None:
         assert isinstance(info.value, TimeoutError)
         with pytest.raises(cyclone.NotFoundError):
             await c.wait(10**9, timeout=1)
+
+
+async def test_a_step_enqueued_by_name_takes_the_workers_declared_timeout(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A producer that does not know the kind writes no timeout; the worker's claim
+    applies the timeout its kind declares, so it is enforced (and durable)."""
+    async with cyclone.Client(dsn, handlers=[]) as producer:
+        job = await producer.enqueue("slow", {})
+    assert scalar(db, "SELECT timeout FROM cyclone_steps") is None
+    async with client(dsn) as worker:
+        run = await worker.wait(job, timeout=30)
+    step = db.execute(
+        "SELECT extract(epoch FROM timeout), error_kind FROM cyclone_steps"
+    ).fetchone()
+    assert run.state == RunState.FAILED
+    assert step == (pytest.approx(0.3), "timeout")

@@ -86,7 +86,10 @@ ORDER BY step.run_id;
 -- engine-design, The Claiming Algorithm: lock up to %(limit)s due, available steps of
 -- one queue and of the kinds this worker registers, highest priority first, then
 -- earliest scheduled_at; skip rows other workers hold; move them to running under a
--- lease the database clock computes from the TTL. The ORDER BY is exactly the order of
+-- lease the database clock computes from the TTL. A step enqueued without a timeout
+-- (by a producer that does not know the kind) takes the timeout the worker's kind
+-- declares (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim
+-- on. The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
 -- A sequenced step (sequence_key) is claimable only at the head of its key: no other
@@ -121,11 +124,15 @@ SET state = 'running',
     lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
     heartbeat_at = now(),
     started_at = now(),
-    lease_generation = s.lease_generation + 1
-FROM claimable c, cyclone_runs r
+    lease_generation = s.lease_generation + 1,
+    timeout = coalesce(s.timeout, k.timeout_us * interval '1 microsecond')
+FROM claimable c,
+     cyclone_runs r,
+     unnest(%(kinds)s::text[], %(timeouts_us)s::bigint[]) AS k (kind, timeout_us)
 WHERE s.id = c.id
   AND s.state = 'available'
   AND r.id = s.run_id
+  AND k.kind = s.kind
 RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, r.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
