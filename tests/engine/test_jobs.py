@@ -327,7 +327,7 @@ async def test_a_step_enqueued_by_name_takes_the_workers_declared_timeout(
     async with client(dsn) as worker:
         run = await worker.wait(job, timeout=30)
     step = db.execute(
-        "SELECT extract(epoch FROM timeout), error_kind FROM cyclone_steps"
+        "SELECT extract(epoch FROM timeout)::float8, error_kind FROM cyclone_steps"
     ).fetchone()
     assert run.state == RunState.FAILED
     assert step == (pytest.approx(0.3), "timeout")
