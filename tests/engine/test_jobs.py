@@ -322,7 +322,7 @@ async def test_a_step_enqueued_by_name_takes_the_workers_declared_timeout(
     """A producer that does not know the kind writes no timeout; the worker's claim
     applies the timeout its kind declares, so it is enforced (and durable)."""
     async with cyclone.Client(dsn, handlers=[]) as producer:
-        job = await producer.enqueue("slow", {})
+        job = await producer.enqueue("slow", {}, max_attempts=1)
     assert scalar(db, "SELECT timeout FROM cyclone_steps") is None
     async with client(dsn) as worker:
         run = await worker.wait(job, timeout=30)
