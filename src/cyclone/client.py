@@ -196,23 +196,7 @@ class Client:
             self.max_connections - ENGINE_RESERVE, handler_list, self.max_connections
         )
 
-        engine_size = ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if handler_list else 0)
-        self._engine_pool = AsyncConnectionPool(
-            self._engine_conninfo,
-            min_size=1,
-            max_size=engine_size,
-            kwargs={"autocommit": True},
-            open=False,
-            name="cyclone-engine",
-        )
-        self._lease_pool = AsyncConnectionPool(
-            engine_conninfo(base, schema=schema, application_name="cyclone-lease"),
-            min_size=1,
-            max_size=LEASE_CONNECTIONS,
-            kwargs={"autocommit": True},
-            open=False,
-            name="cyclone-lease",
-        )
+        self._engine_pool, self._lease_pool = self._new_pools()
         self._async_tx_pool: AsyncConnectionPool[Any] | None = None
         self._sync_tx_pool: ConnectionPool[Any] | None = None
         self._publisher: Publisher | None = None
@@ -238,6 +222,29 @@ class Client:
         See :func:`cyclone.migrate`; returns the versions applied.
         """
         return await migrate_async(self._conninfo, schema=self.config.schema)
+
+    def _new_pools(self) -> tuple[AsyncConnectionPool[Any], AsyncConnectionPool[Any]]:
+        """Fresh (unopened) engine and lease pools: a stopped client can start again."""
+        with_handlers = bool(self.config.handlers)
+        engine = AsyncConnectionPool(
+            self._engine_conninfo,
+            min_size=1,
+            max_size=ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if with_handlers else 0),
+            kwargs={"autocommit": True},
+            open=False,
+            name="cyclone-engine",
+        )
+        lease = AsyncConnectionPool(
+            engine_conninfo(
+                self._conninfo, schema=self.config.schema, application_name="cyclone-lease"
+            ),
+            min_size=1,
+            max_size=LEASE_CONNECTIONS,
+            kwargs={"autocommit": True},
+            open=False,
+            name="cyclone-lease",
+        )
+        return engine, lease
 
     async def _open(self) -> None:
         if self._opened:
@@ -268,6 +275,13 @@ class Client:
         self._started = True
         if not self.config.handlers:
             return
+        try:
+            await self._start_engine()
+        except BaseException:
+            await self.stop()  # leave nothing half started; a later start() retries
+            raise
+
+    async def _start_engine(self) -> None:
         loop = asyncio.get_running_loop()
         await self._lease_pool.open(wait=True)
         async_size, sync_size = self._pool_sizes
@@ -377,6 +391,7 @@ class Client:
             await self._lease_pool.close()
         if self._opened:
             await self._engine_pool.close()
+        self._engine_pool, self._lease_pool = self._new_pools()
         self._opened = False
         self._started = False
 
@@ -621,10 +636,12 @@ class Client:
         """Block until the run is terminal; the terminal :class:`Run`.
 
         Wakes on ``cyclone_run_done`` when LISTEN is available, and polls every
-        ``poll_interval`` in any case.
+        ``poll_interval`` in any case; a database that goes away meanwhile (a restart)
+        is waited for too.
 
         Raises:
             NotFoundError: no run has that id.
+            ValidationError: a bad run reference or timeout.
             WaitTimeout: not terminal within ``timeout`` seconds.
         """
         run_id = run_id_of(run)
@@ -638,16 +655,19 @@ class Client:
         try:
             while True:
                 event.clear()
-                current = await self.get_run(run_id)
-                if current.terminal:
+                try:
+                    current: Run | None = await self.get_run(run_id)
+                except psycopg.OperationalError as exc:  # a restart: keep waiting
+                    log.info("wait for run %d: database unreachable, retrying: %s", run_id, exc)
+                    current = None
+                if current is not None and current.terminal:
                     return current
                 pause = self.poll_interval
                 if deadline is not None:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
-                        raise WaitTimeout(
-                            f"run {run_id} is still {current.state.value} after {limit} s"
-                        )
+                        state = current.state.value if current else "unknown"
+                        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
                     pause = min(pause, remaining)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):

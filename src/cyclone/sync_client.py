@@ -297,16 +297,18 @@ class SyncClient:
                 except psycopg.Error:
                     listen = None  # poll only
             while True:
-                current = self.get_run(run_id)
-                if current.terminal:
+                try:
+                    current: Run | None = self.get_run(run_id)
+                except psycopg.OperationalError:  # a restart: keep waiting
+                    current = None
+                if current is not None and current.terminal:
                     return current
                 pause = self.poll_interval
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise WaitTimeout(
-                            f"run {run_id} is still {current.state.value} after {limit} s"
-                        )
+                        state = current.state.value if current else "unknown"
+                        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
                     pause = min(pause, remaining)
                 if listen is None:
                     time.sleep(pause)

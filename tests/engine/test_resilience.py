@@ -103,3 +103,30 @@ def test_sync_client_round_trip(dsn: str) -> None:
     assert run.state == cyclone.RunState.RUNNING and run.input == {"x": 1}
     assert step.queue == "elsewhere" and step.state == cyclone.StepState.AVAILABLE
     assert cancelled.state == cyclone.RunState.CANCELLED
+
+
+async def test_wait_outlives_lost_connections_and_a_client_restarts(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A wait carries on when the server drops its connections (as in a restart), and a
+    stopped client can be started again."""
+
+    @cyclone.step("later")
+    async def later(ctx: cyclone.Context, inp: Any) -> str:
+        return "done"
+
+    async with cyclone.Client(dsn, poll_interval=0.1) as producer:
+        job = await producer.enqueue("later")
+        waiting = asyncio.create_task(producer.wait(job, timeout=60))
+        await apoll_until(lambda: asyncio.sleep(0, job.run_id in producer._waiters))
+        db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name LIKE 'cyclone%'"
+        )
+        worker = cyclone.Client(dsn, handlers=[later])
+        await worker.start()
+        await worker.stop()
+        async with worker:  # the same client, started again
+            run = await waiting
+    assert run.result == "done"
