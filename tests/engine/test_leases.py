@@ -94,7 +94,7 @@ async def test_timeout_is_swept_while_lease_is_fresh_then_reclaim_limit(
         "SELECT state, error_kind, reclaims, attempt, lease_owner FROM cyclone_steps"
     ).fetchone()
     assert run.state == RunState.FAILED
-    assert step == ("discarded", "reclaim_limit", 2, 0, None)
+    assert step == ("discarded", "reclaim_limit", 1, 0, None)
 
 
 async def test_heartbeat_past_timeout_tells_the_handler(

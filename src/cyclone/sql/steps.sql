@@ -325,11 +325,11 @@ RETURNING id, queue;
 
 
 -- name: steps_reclaim_discard
--- The recovery sweep dead-letters a step past max_reclaims (error_kind reclaim_limit).
--- Runs after runs_lock and before runs_fail_fast in one transaction.
+-- The recovery sweep dead-letters a step past max_reclaims (error_kind reclaim_limit);
+-- this is not a reclaim, so reclaims stays at the limit. Runs after runs_lock and
+-- before runs_fail_fast in one transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
-    reclaims = reclaims + 1,
     error = %(error)s,
     error_kind = 'reclaim_limit',
     completed_at = now(),
