@@ -25,7 +25,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -52,7 +52,9 @@ from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
 from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, seconds
 from cyclone.producer import (
+    EnqueueOptions,
     KindTarget,
+    ManyOptions,
     enqueue_many_stmt,
     enqueue_plan,
     enqueue_stmt,
@@ -468,7 +470,9 @@ class Client:
         async with pool.connection() as conn:
             yield conn
 
-    async def enqueue(self, kind: KindTarget, input: Any = None, **options: Any) -> Enqueued:
+    async def enqueue(
+        self, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> Enqueued:
         """Enqueue a standalone run of one step, in its own transaction.
 
         Args:
@@ -525,7 +529,7 @@ class Client:
         conn: psycopg.AsyncConnection[Any],
         kind: KindTarget,
         input: Any = None,
-        **options: Any,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """:meth:`enqueue` inside the caller's transaction on ``conn``.
 
@@ -543,7 +547,7 @@ class Client:
         return result
 
     async def enqueue_many(
-        self, kind: KindTarget, inputs: Sequence[Any], **options: Any
+        self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> list[Enqueued]:
         """Enqueue one standalone run per input, with shared options, in one statement.
 
@@ -562,7 +566,7 @@ class Client:
         conn: psycopg.AsyncConnection[Any],
         kind: KindTarget,
         inputs: Sequence[Any],
-        **options: Any,
+        **options: Unpack[ManyOptions],
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
         request = self.config.request(kind, inputs, many=True, **options)

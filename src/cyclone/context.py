@@ -11,12 +11,12 @@ handler's task at that moment; a plain ``def`` handler should poll ``cancelled``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
 from cyclone.errors import LeaseLost
-from cyclone.producer import EnqueueRequest, KindTarget, enqueue_plan
+from cyclone.producer import EnqueueOptions, EnqueueRequest, KindTarget, enqueue_plan
 from cyclone.records import Enqueued
 
 __all__ = ["Context"]
@@ -111,7 +111,9 @@ class Context:
             return self._tx.open_async()
         return self._tx.open_sync()
 
-    def enqueue_completion(self, kind: KindTarget, input: Any = None, **options: Any) -> Any:
+    def enqueue_completion(
+        self, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> Any:
         """Enqueue a standalone run in this step's completion transaction.
 
         Takes the arguments of ``Client.enqueue``. The run exists only if this step

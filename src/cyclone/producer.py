@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import StateError, ValidationError
@@ -30,8 +30,10 @@ from cyclone.records import Enqueued
 from cyclone.sql import Q
 
 __all__ = [
+    "EnqueueOptions",
     "EnqueueRequest",
     "KindTarget",
+    "ManyOptions",
     "enqueue_many_stmt",
     "enqueue_plan",
     "enqueue_stmt",
@@ -40,6 +42,38 @@ __all__ = [
 
 KindTarget = Handler | str
 """What ``enqueue`` accepts as its kind: the handler, or the kind's name."""
+
+
+class ManyOptions(TypedDict, total=False):
+    """The keyword options of ``enqueue_many`` (each overrides the kind's default).
+
+    Attributes:
+        queue: queue name (at most 256 bytes).
+        priority: higher claims first (int32).
+        scheduled_at: when it becomes claimable: an aware datetime, or a ``timedelta``
+            from the database's now().
+        max_attempts: failed executions before the step is discarded (>= 1).
+        timeout: limit of one execution (``timedelta`` or seconds).
+        sequence_key: steps of one key run one at a time, first in first out.
+        retention: how long the finished run is kept (``timedelta`` or seconds).
+    """
+
+    queue: str
+    priority: int
+    scheduled_at: datetime | timedelta
+    max_attempts: int
+    timeout: Duration
+    sequence_key: str
+    retention: Duration
+
+
+class EnqueueOptions(ManyOptions, total=False):
+    """The keyword options of ``enqueue``: those of :class:`ManyOptions`, and
+    ``unique_key``: at most one active step of the kind holds it; a live duplicate
+    returns the existing run."""
+
+    unique_key: str
+
 
 _UNIQUE_RETRIES = 5
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -32,7 +32,9 @@ from cyclone.notify import (
 )
 from cyclone.options import HOUR, Duration, seconds
 from cyclone.producer import (
+    EnqueueOptions,
     KindTarget,
+    ManyOptions,
     enqueue_many_stmt,
     enqueue_plan,
     enqueue_stmt,
@@ -157,7 +159,9 @@ class SyncClient:
 
     # -- producers -----------------------------------------------------------------
 
-    def enqueue(self, kind: KindTarget, input: Any = None, **options: Any) -> Enqueued:
+    def enqueue(
+        self, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]
+    ) -> Enqueued:
         """Enqueue a standalone run of one step (see ``Client.enqueue``)."""
         request = self.config.request(kind, input, **options)
         with self._connection() as conn:
@@ -186,7 +190,11 @@ class SyncClient:
         return rows
 
     def enqueue_tx(
-        self, conn: psycopg.Connection[Any], kind: KindTarget, input: Any = None, **options: Any
+        self,
+        conn: psycopg.Connection[Any],
+        kind: KindTarget,
+        input: Any = None,
+        **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
         """Enqueue inside the caller's transaction on ``conn`` (see ``Client.enqueue_tx``)."""
         request = self.config.request(kind, input, **options)
@@ -196,7 +204,7 @@ class SyncClient:
         return result
 
     def enqueue_many(
-        self, kind: KindTarget, inputs: Sequence[Any], **options: Any
+        self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> list[Enqueued]:
         """Enqueue one run per input in one statement (see ``Client.enqueue_many``)."""
         request = self.config.request(kind, inputs, many=True, **options)
@@ -207,7 +215,11 @@ class SyncClient:
         return enqueued_from_rows(rows)
 
     def enqueue_many_tx(
-        self, conn: psycopg.Connection[Any], kind: KindTarget, inputs: Sequence[Any], **options: Any
+        self,
+        conn: psycopg.Connection[Any],
+        kind: KindTarget,
+        inputs: Sequence[Any],
+        **options: Unpack[ManyOptions],
     ) -> list[Enqueued]:
         """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
         request = self.config.request(kind, inputs, many=True, **options)
