@@ -358,6 +358,7 @@ class Client:
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,
+                available=bool(self.config.handlers),
             )
             self._listener.start()
 
@@ -448,10 +449,7 @@ class Client:
         After the caller commits, pass the tracker to :meth:`publish_wakeups` so that
         idle workers wake at once instead of at their next poll.
         """
-        tracker = self.config.trackers.get(conn)
-        if tracker is None:
-            tracker = self.config.trackers[conn] = WakeupTracker()
-        return tracker
+        return self.config.tracker_for(conn)
 
     async def publish_wakeups(self, tracker: WakeupTracker) -> None:
         """Send the wakeups a tracker recorded (call after the caller's commit)."""

@@ -131,6 +131,13 @@ class ClientConfig:
                 "*_tx calls join a transaction"
             )
 
+    def tracker_for(self, conn: Any) -> WakeupTracker:
+        """The tracker of ``conn``, made on first use."""
+        tracker = self.trackers.get(conn)
+        if tracker is None:
+            tracker = self.trackers[conn] = WakeupTracker()
+        return tracker
+
     def track(self, conn: Any, queues: Iterable[str]) -> None:
         """Record queues for the tracker of ``conn``, if it is tracked."""
         tracker = self.trackers.get(conn)

@@ -235,7 +235,8 @@ class Listener:
     Calls ``on_available(queue)`` for each ``cyclone_available`` notification,
     ``on_run_done(run_ids)`` for each ``cyclone_run_done`` one, and ``on_connect()``
     after every (re)connection, since notifications sent while it was away are lost
-    (the callers poll once). ``connected`` is set while LISTEN is active; ``connects``
+    (the callers poll once). A client without workers passes ``available=False`` and
+    hears only ``cyclone_run_done``. ``connected`` is set while LISTEN is active; ``connects``
     counts successful connections and ``failures`` the consecutive failed ones.
     """
 
@@ -246,8 +247,10 @@ class Listener:
         on_available: Callable[[str | None], None],
         on_run_done: Callable[[list[int]], None],
         on_connect: Callable[[], None],
+        available: bool = True,
     ) -> None:
         self._conninfo = conninfo
+        self._available = available
         self._on_available = on_available
         self._on_run_done = on_run_done
         self._on_connect = on_connect
@@ -284,7 +287,8 @@ class Listener:
     async def _listen(self) -> None:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         try:
-            await conn.execute(Q.notify_listen)
+            if self._available:
+                await conn.execute(Q.notify_listen)
             await conn.execute(Q.notify_listen_done)
             self.connected.set()
             self.failures = 0

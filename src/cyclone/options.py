@@ -20,7 +20,6 @@ __all__ = [
     "MAX_QUEUE_BYTES",
     "Duration",
     "JobOptions",
-    "ScheduleAt",
     "check_aware",
     "check_int",
     "check_kind",
@@ -38,8 +37,6 @@ MAX_KEY_BYTES = 1024
 
 Duration = timedelta | float | int
 """A length of time: a ``timedelta``, or seconds as a number."""
-ScheduleAt = datetime | timedelta
-"""When a job becomes claimable: an aware datetime, or a delay from the database's now()."""
 
 
 CENTURY = 100 * 365.25 * 24 * 3600.0

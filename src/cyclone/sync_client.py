@@ -183,9 +183,8 @@ class SyncClient:
         if conn.autocommit:
             wakeup = wakeup_statement((queue,), ())
             return batch_sync(conn, [stmt], transaction=True, after=[wakeup] if wakeup else [])[0]
-        rows = fetch_sync(conn, stmt)
-        if not conn.autocommit:
-            conn.commit()
+        rows = fetch_sync(conn, stmt)  # a pool in transaction mode: commit, then announce
+        conn.commit()
         self._publish(conn, (queue,), ())
         return rows
 
@@ -232,10 +231,7 @@ class SyncClient:
 
     def track_wakeups(self, conn: psycopg.Connection[Any]) -> WakeupTracker:
         """Record the queues of ``*_tx`` work on ``conn`` (see ``Client.track_wakeups``)."""
-        tracker = self.config.trackers.get(conn)
-        if tracker is None:
-            tracker = self.config.trackers[conn] = WakeupTracker()
-        return tracker
+        return self.config.tracker_for(conn)
 
     def publish_wakeups(self, tracker: WakeupTracker) -> None:
         """Send the wakeups a tracker recorded (call after the caller's commit)."""

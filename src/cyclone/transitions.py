@@ -204,7 +204,8 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     """The statements recording ``failure``, and whether they form one transaction.
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
-    fails the run fast (runs_fail_fast), in one transaction.
+    fails the run fast (runs_fail_fast), in one transaction. Either way the CAS is the
+    statement at :data:`FAILURE_CAS` (from the end).
     """
     params = {
         "id": step.id,
@@ -229,6 +230,10 @@ def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
         "generations": [s.generation for s in steps],
         "owners": [s.owner for s in steps],
     }
+
+
+FAILURE_CAS = {False: -1, True: -2}
+"""Index of the CAS statement among :func:`failure_stmts`, by ``transaction``."""
 
 
 def release_stmt(steps: Sequence[Claimed]) -> Stmt:

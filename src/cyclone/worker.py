@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +39,7 @@ from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.transitions import (
+    FAILURE_CAS,
     Claimed,
     Failure,
     claim_stmt,
@@ -514,7 +515,7 @@ class Worker:
         rows = await self._write(stmts, transaction=transaction, after=announce)
         if rows is None:
             return
-        if not rows[0 if not transaction else 1]:
+        if not rows[FAILURE_CAS[transaction]]:
             log.info("step %d (%s): stale failure ignored", step.id, step.kind)
             return
         if failure.discard:
@@ -596,8 +597,3 @@ class Worker:
         handler = self._handlers[step.kind]
         if handler.is_async and held.in_handler and held.task is not None:
             held.task.cancel()
-
-
-def queues_of(handlers: Iterable[Handler]) -> set[str]:
-    """The default queues of the given kinds."""
-    return {handler.options.queue for handler in handlers}

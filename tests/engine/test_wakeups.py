@@ -182,3 +182,31 @@ async def test_trailing_wakeup_reaches_an_idle_worker(dsn: str) -> None:
             jobs = [await producer.enqueue("echo", i) for i in range(5)]
             runs = [await producer.wait(job, timeout=30) for job in jobs]
     assert [r.result for r in runs] == list(range(5))
+
+
+async def test_a_wakeup_reaches_only_the_workers_of_its_queue(dsn: str) -> None:
+    """Two workers on different queues, neither polling in time: a job of queue "a"
+    wakes the worker of "a" only; the worker of "b" claims once, for its own job."""
+    async with (
+        cyclone.Client(dsn, handlers=[echo], poll_interval=3600) as worker_a,
+        cyclone.Client(dsn, handlers=[echo_b], poll_interval=3600) as worker_b,
+    ):
+        for w in (worker_a, worker_b):
+            await apoll_until(lambda w=w: asyncio.sleep(0, w.listening), what="LISTEN up")
+        assert worker_b.worker is not None
+        async with cyclone.Client(dsn) as producer:
+            before = worker_b.worker.claims
+            await producer.wait(await producer.enqueue("echo", "a"), timeout=30)
+            await producer.wait(await producer.enqueue("echo_b", "b", queue="b"), timeout=30)
+            after = worker_b.worker.claims
+    assert after == before + 1
+
+
+async def test_a_poll_only_producer_still_publishes(dsn: str) -> None:
+    """notify=False turns off listening, not publishing: a listening worker that never
+    polls in time runs the job at once."""
+    async with cyclone.Client(dsn, handlers=[echo], poll_interval=3600) as worker:
+        await apoll_until(lambda: asyncio.sleep(0, worker.listening), what="LISTEN up")
+        async with cyclone.Client(dsn, notify=False, poll_interval=0.1) as producer:
+            run = await producer.wait(await producer.enqueue("echo", 5), timeout=30)
+    assert run.result == 5

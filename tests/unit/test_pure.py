@@ -113,3 +113,18 @@ def test_public_names_report_the_cyclone_module() -> None:
     assert issubclass(cyclone.WaitTimeout, TimeoutError)
     assert issubclass(cyclone.LeaseLost, BaseException)
     assert not issubclass(cyclone.LeaseLost, Exception)
+
+
+def test_wakeups_follow_the_commit_of_what_they_announce() -> None:
+    """The NOTIFY statements of a batch come after its COMMIT, never inside."""
+    from cyclone.dbio import Stmt, _wrap, script
+    from cyclone.notify import runs_done_statement, wakeup_statement
+
+    work = Stmt(Q.steps_enqueue, {"kind": "k"})
+    wakeup = wakeup_statement(["default"], [])
+    assert wakeup is not None
+    query, _ = script(_wrap([work], True, [wakeup, runs_done_statement([1])]))
+    commit = query.index("COMMIT")
+    assert query.index("BEGIN") < query.index("INSERT") < commit
+    assert commit < query.index("pg_notify('cyclone_available'")
+    assert commit < query.index("pg_notify('cyclone_run_done'")

@@ -63,7 +63,6 @@ class Queries:
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString
-    runs_states: LiteralString
     # notify.sql
     notify_publish: LiteralString
     notify_available: LiteralString

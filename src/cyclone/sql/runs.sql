@@ -107,10 +107,3 @@ WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
   AND (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
 ORDER BY r.id DESC
 LIMIT %(limit)s;
-
-
--- name: runs_states
--- The state of each of the given runs (the polling floor of wait).
-SELECT id, state
-FROM cyclone_runs
-WHERE id = ANY(%(ids)s::bigint[]);
