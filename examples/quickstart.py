@@ -63,6 +63,8 @@ async def main() -> None:
         print(f"started an embedded PostgreSQL in {server.data_dir}")
     try:
         dsn = own_database(server.dsn, "cyclone_quickstart")
+        where = conninfo_to_dict(dsn)
+        print(f"using database {where.get('dbname')!r} on {where.get('host', 'localhost')}")
         cyclone.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
@@ -82,8 +84,11 @@ async def main() -> None:
                     f"attempts failed={step.attempt}"
                 )
         with psycopg.connect(dsn) as conn:
-            rows = conn.execute("SELECT count(*) FROM payments").fetchone()
-            print(f"payments recorded: {rows[0] if rows else 0}")
+            charge_run = jobs["charge"].run_id
+            rows = conn.execute(
+                "SELECT count(*) FROM payments WHERE run_id = %s", (charge_run,)
+            ).fetchone()
+            print(f"payments recorded by run {charge_run}: {rows[0] if rows else 0} (exactly one)")
     finally:
         server.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -41,10 +42,12 @@ class DevServer:
         return self._handle is not None
 
     def stop(self) -> None:
-        """Stop an embedded server (no-op for an external one)."""
+        """Stop an embedded server and delete its data folder (no-op otherwise)."""
         if self._handle is not None:
             self._handle.cleanup()
             self._handle = None
+            if self.data_dir is not None:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def _reachable(dsn: str) -> bool:
@@ -74,8 +77,9 @@ def find_server(*, env_var: str = "CYCLONE_DSN", allow_embedded: bool = True) ->
         pgserver: Any = importlib.import_module("pgserver")
     except ImportError as exc:
         raise ConfigurationError(
-            "no PostgreSQL reachable at 127.0.0.1:5432 and CYCLONE_DSN is not set; "
-            "install the embedded server with: pip install -e '.[embedded]'"
+            f"no PostgreSQL reachable at 127.0.0.1:5432 and {env_var} is not set; "
+            "install the embedded server with: pip install -e '.[embedded]' "
+            "(it needs Python 3.11 or 3.12)"
         ) from exc
     data_dir = tempfile.mkdtemp(prefix="cyclone-pg-")
     handle = pgserver.get_server(data_dir, cleanup_mode="stop")
