@@ -205,6 +205,8 @@ class Client:
         self._listener: Listener | None = None
         self._worker: Worker | None = None
         self._threads_left: Worker | None = None
+        self.sweeper: Sweeper | None = None
+        """The recovery sweep, while started with handlers."""
         self._background: list[asyncio.Task[None]] = []
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._opened = False

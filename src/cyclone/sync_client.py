@@ -162,7 +162,17 @@ class SyncClient:
     def enqueue(
         self, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]
     ) -> Enqueued:
-        """Enqueue a standalone run of one step (see ``Client.enqueue``)."""
+        """Enqueue a standalone run of one step, in its own transaction.
+
+        Takes the arguments of ``Client.enqueue`` (options: :class:`EnqueueOptions`).
+
+        Returns:
+            An :class:`Enqueued`; ``duplicate=True`` for a live ``unique_key`` holder.
+
+        Raises:
+            ValidationError: a bad kind, input or option; nothing is written.
+            ConfigurationError: the schema is not installed.
+        """
         request = self.config.request(kind, input, **options)
         with self._connection() as conn:
             if request.unique_key is None:
@@ -195,7 +205,12 @@ class SyncClient:
         input: Any = None,
         **options: Unpack[EnqueueOptions],
     ) -> Enqueued:
-        """Enqueue inside the caller's transaction on ``conn`` (see ``Client.enqueue_tx``)."""
+        """Enqueue inside the caller's transaction on ``conn`` (see ``Client.enqueue_tx``).
+
+        Raises:
+            ValidationError: a bad value, or ``conn`` is not a ``psycopg.Connection`` that
+                can join a transaction (closed, failed, or autocommit outside one).
+        """
         request = self.config.request(kind, input, **options)
         self.config.check_tx_conn(conn, psycopg.Connection)
         result = run_plan_sync(conn, enqueue_plan(request))
@@ -205,7 +220,11 @@ class SyncClient:
     def enqueue_many(
         self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> list[Enqueued]:
-        """Enqueue one run per input in one statement (see ``Client.enqueue_many``)."""
+        """Enqueue one run per input in one statement (see ``Client.enqueue_many``).
+
+        Raises:
+            ValidationError: a bad kind, input or option (``unique_key`` included).
+        """
         request = self.config.request(kind, inputs, many=True, **options)
         if not inputs:
             return []
@@ -220,7 +239,11 @@ class SyncClient:
         inputs: Sequence[Any],
         **options: Unpack[ManyOptions],
     ) -> list[Enqueued]:
-        """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
+        """:meth:`enqueue_many` inside the caller's transaction on ``conn``.
+
+        Raises:
+            ValidationError: as :meth:`enqueue_many` and :meth:`enqueue_tx`.
+        """
         request = self.config.request(kind, inputs, many=True, **options)
         self.config.check_tx_conn(conn, psycopg.Connection)
         if not inputs:
@@ -243,7 +266,12 @@ class SyncClient:
     # -- inspection and control ----------------------------------------------------
 
     def get_run(self, run: RunRef) -> Run:
-        """The run with its result and error (see ``Client.get_run``)."""
+        """The run with its result and error (see ``Client.get_run``).
+
+        Raises:
+            NotFoundError: no run has that id.
+            ValidationError: not a run id or handle.
+        """
         run_id = run_id_of(run)
         with self._connection() as conn:
             rows = fetch_dicts_sync(conn, Stmt(Q.runs_get, {"run_id": run_id}))
@@ -258,21 +286,34 @@ class SyncClient:
         limit: int = 100,
         before: int | None = None,
     ) -> list[Run]:
-        """Runs, newest first (see ``Client.list_runs``)."""
+        """Runs, newest first; ``before`` pages below a run id.
+
+        Raises:
+            ValidationError: an unknown state, a bad limit, ``before`` or workflow.
+        """
         params = list_runs_params(state, workflow, limit, before)
         with self._connection() as conn:
             rows = fetch_dicts_sync(conn, Stmt(Q.runs_list, params))
         return [Run.from_row(row) for row in rows]
 
     def list_steps(self, run: RunRef) -> list[Step]:
-        """Every step of a run, in insertion order."""
+        """Every step of a run, in insertion order (empty for an unknown run).
+
+        Raises:
+            ValidationError: not a run id or handle.
+        """
         run_id = run_id_of(run)
         with self._connection() as conn:
             rows = fetch_dicts_sync(conn, Stmt(Q.steps_list, {"run_id": run_id}))
         return [Step.from_row(row) for row in rows]
 
     def cancel(self, run: RunRef) -> None:
-        """Cancel a running or paused run (see ``Client.cancel``)."""
+        """Cancel a running or paused run and its active steps (see ``Client.cancel``).
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is already completed, failed or cancelled.
+        """
         run_id = run_id_of(run)
         with self._connection() as conn:
             if conn.autocommit:
