@@ -2,7 +2,8 @@
 
 The public API (python-api.md): kinds (:func:`step`, :func:`action`), the
 :class:`Client` (asyncio) and :class:`SyncClient`, the handler :class:`Context`, the
-records :class:`Run`, :class:`Step` and :class:`Enqueued`, :func:`migrate`, and the
+records :class:`Run`, :class:`Step`, :class:`Enqueued` and :class:`Submitted`, the
+:class:`Workflow` builder, :func:`migrate`, and the
 exceptions of :mod:`cyclone.errors`.
 """
 
@@ -24,10 +25,11 @@ from cyclone.errors import (
 )
 from cyclone.handlers import Handler, action, step
 from cyclone.migrate import migrate, migrate_async
-from cyclone.records import Enqueued, Run, Step
+from cyclone.records import Enqueued, Run, Step, Submitted
 from cyclone.retry import RetryPolicy
 from cyclone.states import RunState, StepState
 from cyclone.sync_client import SyncClient
+from cyclone.workflow import Node, Workflow
 
 __all__ = [
     "Client",
@@ -38,6 +40,7 @@ __all__ = [
     "Enqueued",
     "Handler",
     "LeaseLost",
+    "Node",
     "NotFoundError",
     "PoolTooSmallError",
     "RetryPolicy",
@@ -47,10 +50,12 @@ __all__ = [
     "Step",
     "StepInterrupted",
     "StepState",
+    "Submitted",
     "SyncClient",
     "ValidationError",
     "WaitTimeout",
     "WakeupTracker",
+    "Workflow",
     "WorkflowError",
     "__version__",
     "action",

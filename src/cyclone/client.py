@@ -60,12 +60,14 @@ from cyclone.producer import (
     enqueue_stmt,
     enqueued_from_rows,
 )
-from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
+from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
 from cyclone.scanners.sweep import Sweeper
 from cyclone.sql import Q
 from cyclone.states import RunState
+from cyclone.submit import SubmitOptions, submit_plan
 from cyclone.transitions import cancel_stmts
 from cyclone.worker import Worker, WorkerSettings
+from cyclone.workflow import Workflow
 
 __all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "Client"]
 
@@ -91,6 +93,9 @@ class Client:
             (which then serves producer and inspection calls only; the engine always
             opens its own connections from the pool's conninfo).
         handlers: the kinds this client registers; a worker claims only these kinds.
+        workflows: the workflows this client runs (their nodes' kinds are registered
+            too). A worker runs a workflow step only if it registers the run's workflow
+            with the run's ``def_version``; see docs/workflows.md.
         queues: queue name -> worker slots. Default: each queue of the registered kinds
             with 10 slots.
         lease_ttl: lease length (``timedelta`` or seconds, default 30): the time to detect a
@@ -123,6 +128,7 @@ class Client:
         conninfo: str | AsyncConnectionPool[Any],
         *,
         handlers: Iterable[Handler] = (),
+        workflows: Iterable[Workflow] = (),
         queues: Mapping[str, int] | None = None,
         lease_ttl: Duration = 30.0,
         poll_interval: Duration = 1.0,
@@ -138,7 +144,11 @@ class Client:
         claim_batch: int = 10,
     ) -> None:
         self.config = ClientConfig(
-            handlers=handlers, schema=schema, retention=retention, notify=notify
+            handlers=handlers,
+            workflows=workflows,
+            schema=schema,
+            retention=retention,
+            notify=notify,
         )
         if isinstance(conninfo, AsyncConnectionPool):
             self._user_pool: AsyncConnectionPool[Any] | None = conninfo
@@ -324,6 +334,8 @@ class Client:
             tx_pools=(self._async_tx_pool, self._sync_tx_pool),
             publisher=self._publisher,
             build_request=self.config.request,
+            build_submit=self.config.submit_request,
+            workflows=self.config.workflows,
         )
         self._ensure_listener()
         for handler in self.config.handlers.values():
@@ -576,6 +588,58 @@ class Client:
         rows = await fetch_async(conn, enqueue_many_stmt(request))
         self.config.track(conn, (request.queue,))
         return enqueued_from_rows(rows)
+
+    async def submit(
+        self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> Submitted:
+        """Submit a workflow run: the run and its whole graph in one transaction.
+
+        Args:
+            workflow: the :class:`cyclone.Workflow`.
+            input: the run input, a JSON value (or a dataclass / pydantic model).
+            **options: ``submit_key`` (submit-once) and ``deadline`` (``timedelta`` or
+                seconds).
+
+        Returns:
+            A :class:`Submitted`; ``duplicate=True`` when a run of the workflow already
+            holds ``submit_key`` (that run is returned, nothing is written).
+
+        Raises:
+            WorkflowError: an invalid workflow (named problem); nothing is written.
+            ValidationError: a bad input or option; nothing is written.
+        """
+        request = self.config.submit_request(workflow, input, **options)
+        async with self._connection() as conn:
+            result = await run_plan_async(conn, submit_plan(request))
+            if not conn.autocommit:
+                await conn.commit()
+        if not result.duplicate:
+            assert self._publisher is not None
+            self._publisher.available(request.workflow.queues)
+        return result
+
+    async def submit_tx(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        workflow: Workflow,
+        input: Any = None,
+        **options: Unpack[SubmitOptions],
+    ) -> Submitted:
+        """:meth:`submit` inside the caller's transaction on ``conn``.
+
+        The run exists once the caller commits and is gone if it rolls back. No wakeup
+        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`).
+
+        Raises:
+            WorkflowError: an invalid workflow.
+            ValidationError: a bad value, or ``conn`` is not an ``AsyncConnection`` in a
+                transaction.
+        """
+        request = self.config.submit_request(workflow, input, **options)
+        self.config.check_tx_conn(conn, psycopg.AsyncConnection)
+        result = await run_plan_async(conn, submit_plan(request))
+        self.config.track(conn, request.workflow.queues)
+        return result
 
     # -- inspection and control ----------------------------------------------------
 

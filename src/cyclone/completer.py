@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -31,8 +32,15 @@ log = logging.getLogger("cyclone.worker")
 class Completer:
     """Completes steps that have no completion transaction, many per transaction."""
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, batch: int) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        *,
+        batch: int,
+        woken: Callable[[set[str]], None],
+    ) -> None:
         self._pool = pool
+        self._woken = woken
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
         self._ready = asyncio.Event()
@@ -108,7 +116,9 @@ class Completer:
                 for item in batch:
                     await self._flush([item])
                 return
-        done, finished = parse_completed(rows[-1])
+        done, finished, woken = parse_completed(rows[-1])
+        if woken:
+            self._woken(woken)
         for step, _, future in batch:
             if not future.done():
                 future.set_result((step.id in done, step.run_id in finished))

@@ -13,11 +13,13 @@ from typing import Any
 
 from psycopg import pq
 
-from cyclone.errors import ValidationError
+from cyclone.errors import ValidationError, WorkflowError
 from cyclone.handlers import Handler
 from cyclone.options import Duration, check_int, check_text, seconds
 from cyclone.producer import EnqueueRequest, KindTarget
 from cyclone.states import RunState
+from cyclone.submit import CompiledWorkflow, SubmitRequest, check_submit_options, compile_workflow
+from cyclone.workflow import Workflow
 
 __all__ = ["ENQUEUE_OPTIONS", "ClientConfig", "WakeupTracker", "list_runs_params"]
 
@@ -66,9 +68,20 @@ class ClientConfig:
         schema: str,
         retention: Duration | None,
         notify: bool,
+        workflows: Iterable[Workflow] = (),
     ) -> None:
         registry: dict[str, Handler] = {}
-        for handler in handlers:
+        workflow_list = list(workflows)
+        for wf in workflow_list:
+            if not isinstance(wf, Workflow):
+                raise ValidationError(f"workflows must be cyclone.Workflow objects, got {wf!r}")
+        node_handlers = [
+            handler
+            for wf in workflow_list
+            for handler in wf.kinds().values()
+            if handler is not None
+        ]
+        for handler in [*handlers, *node_handlers]:
             if not isinstance(handler, Handler):
                 raise ValidationError(
                     f"handlers must be kinds made with @cyclone.step or @cyclone.action, "
@@ -84,6 +97,40 @@ class ClientConfig:
             raise ValidationError(f"notify must be True or False, got {notify!r}")
         self.notify = notify
         self.trackers: weakref.WeakKeyDictionary[Any, WakeupTracker] = weakref.WeakKeyDictionary()
+        self._compiled: dict[int, tuple[Workflow, int, CompiledWorkflow]] = {}
+        self.workflows: dict[str, list[str]] = {}
+        """Registered workflow name -> the def_versions this client runs."""
+        for wf in workflow_list:
+            compiled = self.compile(wf)
+            versions = self.workflows.setdefault(wf.name, [])
+            if compiled.def_version not in versions:
+                versions.append(compiled.def_version)
+
+    def compile(self, wf: Workflow) -> CompiledWorkflow:
+        """``wf`` validated against this client's kinds and laid out as rows (cached
+        until the workflow changes).
+
+        Raises:
+            WorkflowError: an invalid graph, an unknown kind or a bad option.
+        """
+        if not isinstance(wf, Workflow):
+            raise WorkflowError(f"expected a cyclone.Workflow, got {wf!r}")
+        cached = self._compiled.get(id(wf))
+        if cached is not None and cached[0] is wf and cached[1] == wf.revision:
+            return cached[2]
+        compiled = compile_workflow(wf, self.handlers, self.retention)
+        self._compiled[id(wf)] = (wf, wf.revision, compiled)
+        return compiled
+
+    def submit_request(self, wf: Workflow, input: Any = None, **options: Any) -> SubmitRequest:
+        """Validate one submit.
+
+        Raises:
+            WorkflowError: an invalid workflow.
+            ValidationError: a bad input or option, or an unknown option name.
+        """
+        check_submit_options(options)
+        return SubmitRequest.build(self.compile(wf), input, **options)
 
     def request(
         self, target: KindTarget, input: Any = None, *, many: bool = False, **options: Any

@@ -17,7 +17,9 @@ from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
 from cyclone.errors import LeaseLost
 from cyclone.producer import EnqueueOptions, EnqueueRequest, KindTarget, enqueue_plan
-from cyclone.records import Enqueued
+from cyclone.records import Enqueued, Submitted
+from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
+from cyclone.workflow import Workflow
 
 __all__ = ["Context"]
 
@@ -40,6 +42,7 @@ class Context:
     __module__ = "cyclone"
     __slots__ = (
         "_build_request",
+        "_build_submit",
         "_cancelled",
         "_is_async",
         "_tx",
@@ -70,6 +73,7 @@ class Context:
         is_async: bool,
         tx: CompletionTx,
         build_request: Callable[..., EnqueueRequest],
+        build_submit: Callable[..., SubmitRequest] | None = None,
     ) -> None:
         self.run_id = run_id
         self.step_id = step_id
@@ -83,6 +87,7 @@ class Context:
         self._is_async = is_async
         self._tx = tx
         self._build_request = build_request
+        self._build_submit = build_submit
         self._cancelled = False
         self._wakeups: set[str] = set()
 
@@ -132,6 +137,30 @@ class Context:
     async def _enqueue_async(self, request: EnqueueRequest) -> Enqueued:
         conn = await self._tx.open_async()
         return await run_plan_async(conn, enqueue_plan(request))
+
+    def submit_completion(
+        self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> Any:
+        """Submit a workflow run in this step's completion transaction.
+
+        Takes the arguments of ``Client.submit``. The run exists only if this step
+        completes; its wakeup is published after that commit. Returns a
+        :class:`cyclone.Submitted` (an awaitable of one in an ``async def`` handler).
+
+        Raises:
+            WorkflowError: an invalid workflow; nothing is written.
+            ValidationError: a bad input or option; nothing is written.
+        """
+        assert self._build_submit is not None
+        request: SubmitRequest = self._build_submit(workflow, input, **options)
+        self._wakeups.update(request.workflow.queues)
+        if self._is_async:
+            return self._submit_async(request)
+        return run_plan_sync(self._tx.open_sync(), submit_plan(request))
+
+    async def _submit_async(self, request: SubmitRequest) -> Submitted:
+        conn = await self._tx.open_async()
+        return await run_plan_async(conn, submit_plan(request))
 
     def __repr__(self) -> str:
         return (

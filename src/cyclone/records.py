@@ -14,7 +14,7 @@ from typing import Any
 from cyclone.errors import ValidationError
 from cyclone.states import RunState, StepState
 
-__all__ = ["Enqueued", "Run", "RunRef", "Step", "run_id_of"]
+__all__ = ["Enqueued", "Run", "RunRef", "Step", "Submitted", "run_id_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,22 @@ class Enqueued:
 
     run_id: int
     step_id: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A workflow run, as returned by ``submit``.
+
+    Attributes:
+        run_id: the run's id.
+        duplicate: true when a run of the workflow already held the ``submit_key``;
+            ``run_id`` is then that run's.
+    """
+
+    __module__ = "cyclone"
+
+    run_id: int
     duplicate: bool = False
 
 
@@ -130,7 +146,7 @@ class Step:
         return cls(**values)
 
 
-RunRef = int | Enqueued | Run
+RunRef = int | Enqueued | Submitted | Run
 """What run control and ``wait`` accept: a run id or a handle that carries one."""
 
 

@@ -40,10 +40,12 @@ from cyclone.producer import (
     enqueue_stmt,
     enqueued_from_rows,
 )
-from cyclone.records import Enqueued, Run, RunRef, Step, run_id_of
+from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
 from cyclone.sql import Q
 from cyclone.states import RunState
+from cyclone.submit import SubmitOptions, submit_plan
 from cyclone.transitions import cancel_stmts
+from cyclone.workflow import Workflow
 
 __all__ = ["SyncClient"]
 
@@ -55,6 +57,7 @@ class SyncClient:
         conninfo: a libpq connection string or URL, or a ``psycopg_pool.ConnectionPool``.
         handlers: kinds whose default options (queue, priority, ...) ``enqueue`` applies
             when given their name.
+        workflows: workflows whose nodes' kinds are registered the same way.
         poll_interval: seconds between polls of :meth:`wait` (default 1).
         notify: LISTEN in :meth:`wait` (default True); wakeups are published either way.
         schema: the Postgres schema Cyclone lives in (default ``public``).
@@ -72,6 +75,7 @@ class SyncClient:
         conninfo: str | ConnectionPool[Any],
         *,
         handlers: Iterable[Handler] = (),
+        workflows: Iterable[Workflow] = (),
         poll_interval: Duration = 1.0,
         notify: bool = True,
         schema: str = "public",
@@ -79,7 +83,11 @@ class SyncClient:
         max_connections: int = 4,
     ) -> None:
         self.config = ClientConfig(
-            handlers=handlers, schema=schema, retention=retention, notify=notify
+            handlers=handlers,
+            workflows=workflows,
+            schema=schema,
+            retention=retention,
+            notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
         if isinstance(conninfo, ConnectionPool):
@@ -251,6 +259,43 @@ class SyncClient:
         rows = fetch_sync(conn, enqueue_many_stmt(request))
         self.config.track(conn, (request.queue,))
         return enqueued_from_rows(rows)
+
+    def submit(
+        self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
+    ) -> Submitted:
+        """Submit a workflow run in its own transaction (see ``Client.submit``).
+
+        Raises:
+            WorkflowError: an invalid workflow; nothing is written.
+            ValidationError: a bad input or option; nothing is written.
+        """
+        request = self.config.submit_request(workflow, input, **options)
+        with self._connection() as conn:
+            result = run_plan_sync(conn, submit_plan(request))
+            if not conn.autocommit:
+                conn.commit()
+            if not result.duplicate:
+                self._publish(conn, request.workflow.queues, ())
+        return result
+
+    def submit_tx(
+        self,
+        conn: psycopg.Connection[Any],
+        workflow: Workflow,
+        input: Any = None,
+        **options: Unpack[SubmitOptions],
+    ) -> Submitted:
+        """Submit inside the caller's transaction on ``conn`` (see ``Client.submit_tx``).
+
+        Raises:
+            WorkflowError: an invalid workflow.
+            ValidationError: a bad value, or ``conn`` cannot join a transaction.
+        """
+        request = self.config.submit_request(workflow, input, **options)
+        self.config.check_tx_conn(conn, psycopg.Connection)
+        result = run_plan_sync(conn, submit_plan(request))
+        self.config.track(conn, request.workflow.queues)
+        return result
 
     def track_wakeups(self, conn: psycopg.Connection[Any]) -> WakeupTracker:
         """Record the queues of ``*_tx`` work on ``conn`` (see ``Client.track_wakeups``)."""

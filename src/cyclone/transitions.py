@@ -15,12 +15,14 @@ from typing import Any
 
 from cyclone.dbio import Rows, Stmt, int_array
 from cyclone.errors import Discard
+from cyclone.inputs import parse_bindings
 from cyclone.options import micros
 from cyclone.payloads import clean_text
 from cyclone.retry import RetryPolicy
 from cyclone.sql import Q
 
 __all__ = [
+    "MISMATCH_DELAY",
     "Claimed",
     "Failure",
     "cancel_stmts",
@@ -29,6 +31,7 @@ __all__ = [
     "decide_failure",
     "failure_stmts",
     "heartbeat_stmt",
+    "mismatch_stmt",
     "parse_claimed",
     "parse_completed",
     "reclaim_stmts",
@@ -48,7 +51,9 @@ class Claimed:
     claim's serial number within the client) and ``generation`` (the lease generation
     of the claim) form the fencing token every later transition compares; an owner is
     never reused, even if a claim is lost in a server crash and its generation issued
-    again. ``timeout`` is seconds or ``None``.
+    again. ``timeout`` is seconds or ``None``. ``input_from`` and ``bindings`` (pairs
+    of upstream node and assembly mode, in slot order) are a workflow step's data
+    edges; ``input_error`` says why its input could not be assembled.
     """
 
     id: int
@@ -65,6 +70,14 @@ class Claimed:
     def_version: str
     queue: str
     owner: str
+    input_from: str | None = None
+    bindings: tuple[tuple[str, str], ...] | None = None
+    input_error: str | None = None
+
+    @property
+    def has_data_edge(self) -> bool:
+        """True when the input comes from upstream outputs."""
+        return self.input_from is not None or bool(self.bindings)
 
 
 def claim_stmt(
@@ -112,6 +125,8 @@ def parse_claimed(rows: Rows, queue: str, owner: str) -> list[Claimed]:
             def_version=row[11],
             queue=queue,
             owner=owner,
+            input_from=row[12],
+            bindings=parse_bindings(row[13]),
         )
         for row in rows
     ]
@@ -145,11 +160,13 @@ def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
     ]
 
 
-def parse_completed(rows: Rows) -> tuple[set[int], set[int]]:
-    """From ``steps_complete`` rows: the ids of steps completed, of runs finished."""
+def parse_completed(rows: Rows) -> tuple[set[int], set[int], set[str]]:
+    """From ``steps_complete`` rows: ids of steps completed, of runs finished, and the
+    queues where the advance made steps available."""
     done = {row[0] for row in rows}
     finished = {row[1] for row in rows if row[2]}
-    return done, finished
+    woken = set(rows[0][3] or ()) if rows else set()
+    return done, finished, woken
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +221,8 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     """The statements recording ``failure``, and whether they form one transaction.
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
-    fails the run fast (runs_fail_fast), in one transaction. Either way the CAS is the
-    statement at :data:`FAILURE_CAS` (from the end).
+    resolves the run (runs_resolve_discard: fail fast, or cancel the branch), in one
+    transaction. Either way the CAS is the statement at :data:`FAILURE_CAS` (from the end).
     """
     params = {
         "id": step.id,
@@ -220,7 +237,7 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     return [
         Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(Q.steps_discard, params),
-        Stmt(Q.runs_fail_fast, {"run_id": step.run_id, "step_id": step.id}),
+        Stmt(Q.runs_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
     ], True
 
 
@@ -234,6 +251,27 @@ def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
 
 FAILURE_CAS = {False: -1, True: -2}
 """Index of the CAS statement among :func:`failure_stmts`, by ``transaction``."""
+
+
+MISMATCH_DELAY = 1.0
+"""Seconds a step given back for a def_version mismatch waits before it is claimable."""
+
+
+def mismatch_stmt(steps: Sequence[Claimed], known: dict[str, list[str]]) -> Stmt:
+    """Give back steps whose run's def_version this worker does not have.
+
+    ``known`` maps workflow names to the def_versions this worker registers; the error
+    written names both sides (decisions.md, def_version).
+    """
+    errors = [
+        f"def_version mismatch: run has {s.def_version} of workflow {s.workflow!r}, "
+        f"worker has {', '.join(known.get(s.workflow, [])) or 'none'}"
+        for s in steps
+    ]
+    return Stmt(
+        Q.steps_release_mismatch,
+        {**_held_params(steps), "errors": errors, "delay_us": micros(MISMATCH_DELAY)},
+    )
 
 
 def release_stmt(steps: Sequence[Claimed]) -> Stmt:
@@ -280,7 +318,7 @@ def reclaim_stmts(
                 "error": f"{reason}; reclaimed {reclaims} times, max_reclaims is {max_reclaims}",
             },
         ),
-        Stmt(Q.runs_fail_fast, {"run_id": run_id, "step_id": step_id}),
+        Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}),
     ], True
 
 

@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -32,12 +32,14 @@ from cyclone.completer import Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
-from cyclone.errors import StepInterrupted
+from cyclone.errors import Discard, StepInterrupted
 from cyclone.handlers import Handler
+from cyclone.inputs import InputError, OutputCache, assemble, needed
 from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
+from cyclone.sql import Q
 from cyclone.transitions import (
     FAILURE_CAS,
     Claimed,
@@ -47,6 +49,7 @@ from cyclone.transitions import (
     decide_failure,
     failure_stmts,
     heartbeat_stmt,
+    mismatch_stmt,
     parse_claimed,
     parse_completed,
     release_stmt,
@@ -109,8 +112,14 @@ class Worker:
         tx_pools: tuple[Any, Any],
         publisher: Publisher,
         build_request: Callable[..., EnqueueRequest],
+        build_submit: Callable[..., Any] | None = None,
+        workflows: Mapping[str, list[str]] | None = None,
     ) -> None:
         self.settings = settings
+        self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
+        self.outputs = OutputCache()
+        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
+        self._build_submit = build_submit
         self._handlers = dict(handlers)
         self._kinds = sorted(self._handlers)
         self._kind_timeouts = [self._handlers[k].options.timeout for k in self._kinds]
@@ -125,7 +134,7 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
-            pool, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch))
+            pool, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch)), woken=self._woken
         )
         self._claim_serial = 0
         total = sum(settings.queues.values())
@@ -277,7 +286,79 @@ class Worker:
                 if given_back:
                     log.debug("sequence recheck gave back steps %s", sorted(given_back))
                     claimed = [step for step in claimed if step.id not in given_back]
+            if any(step.def_version != "job" for step in claimed):
+                claimed = await self._check_versions(conn, claimed)
+                if any(step.has_data_edge for step in claimed):
+                    claimed = await self._resolve_inputs(conn, claimed)
         return claimed
+
+    async def _check_versions(
+        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
+    ) -> list[Claimed]:
+        """Give back workflow steps whose run's def_version this worker does not register.
+
+        decisions.md, def_version: the step goes back to ``available`` after a short
+        delay, with no attempt and no reclaim counted and ``error_kind =
+        'def_version_mismatch'``, for a worker that has the run's definition.
+        """
+        foreign = [
+            step
+            for step in claimed
+            if step.def_version != "job"
+            and step.def_version not in self._workflows.get(step.workflow, ())
+        ]
+        if not foreign:
+            return claimed
+        rows = await fetch_async(conn, mismatch_stmt(foreign, self._workflows))
+        for step in foreign:
+            log.warning(
+                "step %d (%s) of run %d: def_version mismatch: the run has %s of workflow %r, "
+                "this worker has %s; given back for a worker with that definition",
+                step.id,
+                step.node,
+                step.run_id,
+                step.def_version,
+                step.workflow,
+                self._workflows.get(step.workflow) or "none",
+            )
+        given_back = {row[0] for row in rows}
+        return [step for step in claimed if step.id not in given_back]
+
+    async def _resolve_inputs(
+        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
+    ) -> list[Claimed]:
+        """Replace each data-edge step's input by its upstream outputs (cache, then DB).
+
+        A step whose input cannot be assembled keeps the reason in ``input_error`` and
+        is discarded when it runs.
+        """
+        cache = self.outputs
+        outputs: dict[tuple[int, str], str | None] = {}
+        missing: set[tuple[int, str]] = set()
+        for step in claimed:
+            for key in needed(step.run_id, step.input_from, step.bindings):
+                found, text = cache.get(key)
+                if found:
+                    outputs[key] = text
+                else:
+                    missing.add(key)
+        if missing:
+            keys = sorted(missing)
+            params = {"run_ids": [k[0] for k in keys], "nodes": [k[1] for k in keys]}
+            for run_id, node, text in await fetch_async(conn, Stmt(Q.steps_outputs, params)):
+                outputs[run_id, node] = text
+                cache.put((run_id, node), text)
+        resolved = []
+        for step in claimed:
+            if not step.has_data_edge:
+                resolved.append(step)
+                continue
+            try:
+                value = assemble(step.run_id, step.input_from, step.bindings, outputs)
+                resolved.append(replace(step, input=value))
+            except InputError as exc:
+                resolved.append(replace(step, input=None, input_error=str(exc)))
+        return resolved
 
     # -- running a step ------------------------------------------------------------
 
@@ -298,6 +379,7 @@ class Worker:
             is_async=handler.is_async,
             tx=tx,
             build_request=self._build_request,
+            build_submit=self._build_submit,
         )
         held = _Held(step, ctx)
         self._held[step.id, step.owner] = held
@@ -332,6 +414,8 @@ class Worker:
         held.in_handler = True
         try:
             try:
+                if step.input_error is not None:
+                    raise Discard(step.input_error)
                 if timeout_cm is None:
                     value = await handler.fn(ctx, handler.codec.decode(step.input))
                 else:
@@ -402,7 +486,7 @@ class Worker:
             return
         kind, payload = result
         if kind == "completed":  # committed in its transaction, even if the timeout fired
-            self._after_completion(held, run_finished=payload)
+            self._after_completion(held, *payload)
         elif timed_out:
             return
         elif kind == "failed":
@@ -425,6 +509,8 @@ class Worker:
         held.in_handler = True
         try:
             try:
+                if step.input_error is not None:
+                    raise Discard(step.input_error)
                 value = handler.fn(ctx, handler.codec.decode(step.input))
                 output = self._encode_output(handler, value)
             except StepInterrupted as exc:
@@ -443,7 +529,7 @@ class Worker:
             assert tx.sync_conn is not None
             try:
                 rows = batch_sync(tx.sync_conn, complete_stmts([(step, output)]), transaction=False)
-                done, finished = parse_completed(rows[-1])
+                done, finished, woken = parse_completed(rows[-1])
                 if step.id not in done:
                     log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                     return None
@@ -453,7 +539,7 @@ class Worker:
                     "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc
                 )
                 return "failed", self._decide(handler, step, exc)
-            return "completed", step.run_id in finished
+            return "completed", (step.run_id in finished, woken)
         finally:
             tx.close_sync(commit=False)  # whatever happened: never leak a slot
 
@@ -475,7 +561,7 @@ class Worker:
         assert conn is not None
         try:
             rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-            done, finished = parse_completed(rows[-1])
+            done, finished, woken = parse_completed(rows[-1])
             if step.id not in done:
                 await tx.close_async(commit=False)
                 log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
@@ -486,7 +572,7 @@ class Worker:
             log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
             await self._record_failure(held, self._decide(handler, step, exc))
             return
-        self._after_completion(held, run_finished=step.run_id in finished)
+        self._after_completion(held, step.run_id in finished, woken)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:
         try:
@@ -502,11 +588,19 @@ class Worker:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
         # the completer announced finished runs after its commit
 
-    def _after_completion(self, held: _Held, *, run_finished: bool) -> None:
+    def _after_completion(self, held: _Held, run_finished: bool, woken: set[str]) -> None:
         if held.ctx._wakeups:
             self._publisher.available(held.ctx._wakeups)
+        if woken:
+            self._woken(woken)
         if run_finished:
             self._publisher.run_done((held.step.run_id,))
+
+    def _woken(self, queues: set[str]) -> None:
+        """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere."""
+        for queue in queues:
+            self.wake(queue)
+        self._publisher.available(queues)
 
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step

@@ -50,6 +50,8 @@ class Queries:
     steps_sequence_release: LiteralString
     steps_heartbeat: LiteralString
     steps_complete: LiteralString
+    steps_outputs: LiteralString
+    steps_release_mismatch: LiteralString
     steps_retry: LiteralString
     steps_discard: LiteralString
     steps_release: LiteralString
@@ -59,7 +61,9 @@ class Queries:
     steps_list: LiteralString
     # runs.sql
     runs_lock: LiteralString
-    runs_fail_fast: LiteralString
+    runs_resolve_discard: LiteralString
+    runs_submit: LiteralString
+    runs_find_submit_key: LiteralString
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString

@@ -14,35 +14,145 @@ ORDER BY id
 FOR UPDATE;
 
 
--- name: runs_fail_fast
--- engine-design, Failure Propagation (fail_run): once the step %(step_id)s is
--- discarded, the run becomes failed, at most once, and a second UPDATE cancels every
--- other step still active. A sibling still in its handler learns of the cancel at its
--- next heartbeat; its late completion matches no row.
-WITH failed AS (
+-- name: runs_resolve_discard
+-- engine-design, Failure Propagation: resolve the run of the step %(step_id)s just
+-- discarded, under the run row lock of the discard transaction. The discard is fatal
+-- when the step has no dependents (a leaf: every standalone job) or when any node of
+-- its downstream closure declares fail_run (the default): the run becomes failed, at
+-- most once (the UPDATE from running finds nothing the second time), and a second
+-- UPDATE cancels every other active step. When every downstream node declares
+-- cancel_branch, only that closure is cancelled and the run goes on; it completes if
+-- nothing active is left, and fails with "result node cancelled" if the closure holds
+-- the result node. A sibling still in its handler learns of a cancel at its next
+-- heartbeat; its late completion matches no row.
+WITH RECURSIVE discarded AS (
+    SELECT s.run_id, s.node
+    FROM cyclone_steps s
+    WHERE s.id = %(step_id)s
+      AND s.run_id = %(run_id)s
+      AND s.state = 'discarded'
+), branch (node) AS (
+    SELECT c.node
+    FROM discarded x
+    JOIN cyclone_deps c ON c.run_id = x.run_id AND c.dep_node = x.node
+    UNION
+    SELECT c.node
+    FROM branch b
+    JOIN cyclone_deps c ON c.run_id = %(run_id)s AND c.dep_node = b.node
+), verdict AS (
+    SELECT x.node AS discarded_node,
+           (NOT EXISTS (SELECT 1 FROM branch)
+            OR EXISTS (
+                SELECT 1
+                FROM branch b
+                JOIN cyclone_steps s ON s.run_id = %(run_id)s AND s.node = b.node
+                WHERE s.on_dep_failure IS DISTINCT FROM 'cancel_branch')) AS fatal,
+           coalesce(r.result_node IN (SELECT node FROM branch), false) AS result_lost
+    FROM discarded x
+    JOIN cyclone_runs r ON r.id = %(run_id)s AND r.state IN ('running', 'paused')
+), failed AS (
     UPDATE cyclone_runs r
     SET state = 'failed',
         finished_at = now(),
         updated_at = now()
+    FROM verdict v
     WHERE r.id = %(run_id)s
       AND r.state IN ('running', 'paused')
-      AND EXISTS (
-          SELECT 1 FROM cyclone_steps d WHERE d.id = %(step_id)s AND d.state = 'discarded')
-    RETURNING r.id
+      AND (v.fatal OR v.result_lost)
+    RETURNING r.id, r.result_node, v.fatal
 ), cancelled AS (
     UPDATE cyclone_steps s
     SET state = 'cancelled',
         completed_at = now(),
         lease_owner = NULL,
-        lease_expiry = NULL
-    FROM failed
-    WHERE s.run_id = failed.id
+        lease_expiry = NULL,
+        error = CASE
+            WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
+                THEN 'result node cancelled'
+            WHEN s.node IN (SELECT node FROM branch)
+                THEN 'upstream node ' || v.discarded_node || ' was discarded'
+            ELSE 'run failed: node ' || v.discarded_node || ' was discarded' END,
+        error_kind = CASE
+            WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
+                THEN 'result_node_cancelled'
+            WHEN s.node IN (SELECT node FROM branch) THEN 'dep_discarded'
+            ELSE 'run_failed' END
+    FROM verdict v
+    WHERE s.run_id = %(run_id)s
       AND s.id <> %(step_id)s
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+      AND (EXISTS (SELECT 1 FROM failed) OR s.node IN (SELECT node FROM branch))
     RETURNING s.id
+), finished AS (
+    UPDATE cyclone_runs r
+    SET state = 'completed',
+        finished_at = now(),
+        updated_at = now()
+    FROM verdict v
+    WHERE r.id = %(run_id)s
+      AND r.state = 'running'
+      AND NOT (v.fatal OR v.result_lost)
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_steps o
+          WHERE o.run_id = r.id
+            AND o.state NOT IN ('completed', 'discarded', 'cancelled')
+            AND NOT EXISTS (SELECT 1 FROM cancelled c WHERE c.id = o.id))
+    RETURNING r.id
 )
-SELECT failed.id AS run_id, (SELECT count(*) FROM cancelled) AS steps_cancelled
-FROM failed;
+SELECT (SELECT count(*) FROM failed) AS runs_failed,
+       (SELECT count(*) FROM finished) AS runs_completed,
+       (SELECT count(*) FROM cancelled) AS steps_cancelled;
+
+
+-- name: runs_submit
+-- Submit a workflow run: the run, every step (roots available, the rest pending), every
+-- dependency edge and every input binding, in one statement. %(nodes)s, %(deps)s and
+-- %(inputs)s are JSON arrays laid out once per workflow. With a submit_key the run
+-- insert yields on idx_runs_submit_key (waiting for a concurrent insert of the key to
+-- commit or roll back): then nothing is written and no row comes back. Foreign keys
+-- between the new rows are checked at the end of the statement, when all exist.
+WITH run AS (
+    INSERT INTO cyclone_runs (workflow, def_version, input, result_node, submit_key, deadline_at)
+    VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, %(result_node)s, %(submit_key)s,
+            now() + %(deadline_us)s::bigint * interval '1 microsecond')
+    ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
+    RETURNING id
+), steps AS (
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
+        timeout, retention, on_dep_failure)
+    SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
+           n.max_attempts, n.timeout_us * interval '1 microsecond',
+           n.retention_us * interval '1 microsecond', n.on_dep_failure
+    FROM run,
+         ROWS FROM (jsonb_to_recordset(%(nodes)s::jsonb) AS (
+             node text, kind text, state text, input jsonb, input_from text, queue text,
+             priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
+             on_dep_failure text)) WITH ORDINALITY AS n (
+             node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
+             retention_us, on_dep_failure, ord)
+    ORDER BY n.ord
+), deps AS (
+    INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
+    SELECT run.id, d.node, d.dep_node, d.dep_type
+    FROM run, jsonb_to_recordset(%(deps)s::jsonb) AS d (node text, dep_node text, dep_type text)
+), bindings AS (
+    INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
+    SELECT run.id, i.node, i.slot, i.dep_node, i.assembly_mode
+    FROM run,
+         jsonb_to_recordset(%(inputs)s::jsonb)
+             AS i (node text, slot integer, dep_node text, assembly_mode text)
+)
+SELECT id FROM run;
+
+
+-- name: runs_find_submit_key
+-- The run that holds (workflow, submit_key): the run a duplicate submit returns.
+SELECT id
+FROM cyclone_runs
+WHERE workflow = %(workflow)s
+  AND submit_key = %(submit_key)s;
 
 
 -- name: runs_cancel
@@ -73,15 +183,19 @@ FROM cancelled_run;
 
 -- name: runs_get
 -- One run with its result (the output of result_node once completed) and its error
--- (the first discarded step's error once failed).
+-- (once failed: "result node cancelled" when a contained failure cancelled the result
+-- node, else the first discarded step's error).
 SELECT r.id, r.workflow, r.state, r.def_version, r.input,
        CASE WHEN r.state = 'completed' THEN (
            SELECT s.output FROM cyclone_steps s
            WHERE s.run_id = r.id AND s.node = r.result_node) END AS result,
-       CASE WHEN r.state = 'failed' THEN (
-           SELECT s.error FROM cyclone_steps s
-           WHERE s.run_id = r.id AND s.state = 'discarded'
-           ORDER BY s.completed_at, s.id LIMIT 1) END AS error,
+       CASE WHEN r.state = 'failed' THEN coalesce(
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.node = r.result_node
+              AND s.error_kind = 'result_node_cancelled'),
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.state = 'discarded'
+            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r
@@ -95,10 +209,13 @@ SELECT r.id, r.workflow, r.state, r.def_version, r.input,
        CASE WHEN r.state = 'completed' THEN (
            SELECT s.output FROM cyclone_steps s
            WHERE s.run_id = r.id AND s.node = r.result_node) END AS result,
-       CASE WHEN r.state = 'failed' THEN (
-           SELECT s.error FROM cyclone_steps s
-           WHERE s.run_id = r.id AND s.state = 'discarded'
-           ORDER BY s.completed_at, s.id LIMIT 1) END AS error,
+       CASE WHEN r.state = 'failed' THEN coalesce(
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.node = r.result_node
+              AND s.error_kind = 'result_node_cancelled'),
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.state = 'discarded'
+            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r

@@ -89,7 +89,9 @@ ORDER BY step.run_id;
 -- lease the database clock computes from the TTL. A step enqueued without a timeout
 -- (by a producer that does not know the kind) takes the timeout the worker's kind
 -- declares (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim
--- on. The ORDER BY is exactly the order of
+-- on. A workflow step also returns its data edge (input_from) and its ordered input
+-- bindings ("dep_node:assembly_mode" per slot), which the worker resolves from upstream
+-- outputs; a standalone job (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
 -- A sequenced step (sequence_key) is claimable only at the head of its key: no other
@@ -136,7 +138,11 @@ WHERE s.id = c.id
 RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, r.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
-          s.sequence_key, r.workflow, r.def_version;
+          s.sequence_key, r.workflow, r.def_version, s.input_from,
+          CASE WHEN r.def_version <> 'job' THEN (
+              SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
+              FROM cyclone_step_inputs i
+              WHERE i.run_id = s.run_id AND i.node = s.node) END AS bindings;
 
 
 -- name: steps_sequence_lock
@@ -188,11 +194,17 @@ RETURNING id;
 
 
 -- name: steps_complete
--- Complete held steps, each row guarded by its own CAS, and finish every run left with
--- no active step. Runs in the transaction that locked those runs (runs_lock), after the
--- handler's completion_tx() writes when there are any. %(steps)s is a JSON array of
--- [id, lease generation, lease owner, output] (one text parameter for the whole
--- batch); a null output is stored as SQL NULL.
+-- Complete held steps, each row guarded by its own CAS; advance their runs; finish every
+-- run left with no active step. Runs in the transaction that locked those runs
+-- (runs_lock), after the handler's completion_tx() writes when there are any.
+-- %(steps)s is a JSON array of [id, lease generation, lease owner, output] (one text
+-- parameter for the whole batch); a null output is stored as SQL NULL.
+-- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
+-- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
+-- counting the steps this statement completes (its snapshot does not show them yet).
+-- The run row lock taken first makes completions of one run take turns, so the last
+-- parent to complete always sees the others. Queues that received work come back in
+-- "woken", for the wakeup after COMMIT.
 WITH v AS (
     SELECT (e ->> 0)::bigint AS id,
            (e ->> 1)::bigint AS generation,
@@ -211,26 +223,76 @@ WITH v AS (
       AND s.state = 'running'
       AND s.lease_owner = v.owner
       AND s.lease_generation = v.generation
-    RETURNING s.id, s.run_id
+    RETURNING s.id, s.run_id, s.node
+), ready AS (
+    SELECT DISTINCT c.run_id, c.node
+    FROM done
+    JOIN cyclone_deps c ON c.run_id = done.run_id AND c.dep_node = done.node
+    WHERE NOT EXISTS (
+        SELECT 1
+        FROM cyclone_deps p
+        JOIN cyclone_steps ps ON ps.run_id = p.run_id AND ps.node = p.dep_node
+        WHERE p.run_id = c.run_id
+          AND p.node = c.node
+          AND ps.state <> 'completed'
+          AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = ps.id))
+), advanced AS (
+    UPDATE cyclone_steps s
+    SET state = 'available'
+    FROM ready
+    WHERE s.run_id = ready.run_id
+      AND s.node = ready.node
+      AND s.state = 'pending'
+    RETURNING s.queue
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
         finished_at = now(),
         updated_at = now()
-    FROM done
-    WHERE r.id = done.run_id
+    FROM (SELECT DISTINCT run_id FROM done) AS f
+    WHERE r.id = f.run_id
       AND r.state = 'running'
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_steps o
           WHERE o.run_id = r.id
-            AND o.id <> done.id
-            AND o.state NOT IN ('completed', 'discarded', 'cancelled'))
+            AND o.state NOT IN ('completed', 'discarded', 'cancelled')
+            AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = o.id))
     RETURNING r.id
 )
-SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished
+SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
+       (SELECT array_agg(DISTINCT queue) FROM advanced) AS woken
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
+
+
+-- name: steps_outputs
+-- Output Resolution: the outputs of upstream steps by (run_id, node), as JSON text (the
+-- worker measures and caches the text). Only completed steps have one.
+SELECT s.run_id, s.node, s.output::text
+FROM unnest(%(run_ids)s::bigint[], %(nodes)s::text[]) AS k (run_id, node)
+JOIN cyclone_steps s ON s.run_id = k.run_id AND s.node = k.node
+WHERE s.state = 'completed';
+
+
+-- name: steps_release_mismatch
+-- decisions.md, def_version: a worker whose definition of the run's workflow differs
+-- gives the freshly claimed steps back after a short delay, for a worker that has the
+-- run's definition. No attempt and no reclaim is counted; error_kind tells the operator.
+UPDATE cyclone_steps s
+SET state = 'available',
+    lease_owner = NULL,
+    lease_expiry = NULL,
+    scheduled_at = now() + %(delay_us)s::bigint * interval '1 microsecond',
+    error = v.error,
+    error_kind = 'def_version_mismatch'
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[], %(errors)s::text[])
+    AS v (id, generation, owner, error)
+WHERE s.id = v.id
+  AND s.state = 'running'
+  AND s.lease_owner = v.owner
+  AND s.lease_generation = v.generation
+RETURNING s.id, s.queue;
 
 
 -- name: steps_retry
@@ -255,7 +317,7 @@ RETURNING id;
 
 -- name: steps_discard
 -- A failed attempt with no attempts left, or a Discard: the step is dead-lettered.
--- Runs after runs_lock and before runs_fail_fast in one transaction.
+-- Runs after runs_lock and before runs_resolve_discard in one transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     attempt = attempt + 1,
@@ -327,7 +389,7 @@ RETURNING id, queue;
 -- name: steps_reclaim_discard
 -- The recovery sweep dead-letters a step past max_reclaims (error_kind reclaim_limit);
 -- this is not a reclaim, so reclaims stays at the limit. Runs after runs_lock and
--- before runs_fail_fast in one transaction.
+-- before runs_resolve_discard in one transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,

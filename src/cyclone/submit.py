@@ -1,0 +1,211 @@
+"""Submitting workflow runs: the rows of a DAG, validated, and the statements to write them.
+
+Pure code shared by ``Client.submit``, ``SyncClient.submit`` and
+``Context.submit_completion``. A workflow is compiled once per client registry into
+three JSON texts (nodes, dependency edges, input bindings); each submit then writes the
+run, every step, every edge and every binding with one statement (``runs_submit``), a
+few round trips for a DAG of any size. Roots start ``available``, the rest ``pending``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from cyclone.dbio import Plan, Stmt
+from cyclone.errors import StateError, ValidationError, WorkflowError
+from cyclone.handlers import Handler
+from cyclone.options import Duration, JobOptions, check_text, micros, seconds
+from cyclone.payloads import PLAIN, encode_json
+from cyclone.records import Submitted
+from cyclone.sql import Q
+from cyclone.workflow import Workflow
+
+__all__ = [
+    "SUBMIT_OPTIONS",
+    "CompiledWorkflow",
+    "SubmitOptions",
+    "SubmitRequest",
+    "check_submit_options",
+    "compile_workflow",
+    "submit_plan",
+]
+
+_KEY_RETRIES = 5
+
+
+class SubmitOptions(TypedDict, total=False):
+    """The keyword options of ``submit``.
+
+    Attributes:
+        submit_key: submit-once key: while a run of the workflow with this key exists
+            (in any state, until it is purged), submitting again returns that run with
+            ``duplicate=True``.
+        deadline: the run fails if not finished this long after submit (``timedelta``
+            or seconds; enforced by the deadline scanner).
+    """
+
+    submit_key: str
+    deadline: Duration
+
+
+SUBMIT_OPTIONS = frozenset(SubmitOptions.__annotations__)
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledWorkflow:
+    """A validated workflow as the parameters of ``runs_submit`` (JSON texts).
+
+    ``queues`` are the queues of its root steps, announced after submit.
+    """
+
+    name: str
+    def_version: str
+    result_node: str | None
+    nodes: str
+    deps: str
+    inputs: str
+    queues: frozenset[str]
+
+
+def compile_workflow(
+    wf: Workflow, registry: Mapping[str, Handler], default_retention: float | None
+) -> CompiledWorkflow:
+    """Validate ``wf`` against the kinds a client knows and lay out its rows.
+
+    A node given a handler takes that handler's defaults; a node given a kind name
+    takes the defaults of the registered kind of that name.
+
+    Raises:
+        WorkflowError: an invalid graph, an unknown kind, or a bad option.
+    """
+    if not isinstance(wf, Workflow):
+        raise WorkflowError(f"expected a cyclone.Workflow, got {wf!r}")
+    order = wf.validate()
+    nodes: list[dict[str, Any]] = []
+    deps: list[dict[str, Any]] = []
+    inputs: list[dict[str, Any]] = []
+    roots: set[str] = set()
+    for node_id in order:
+        spec = wf.nodes[node_id]
+        handler = spec.handler or registry.get(spec.kind)
+        if handler is None:
+            raise WorkflowError(
+                f"workflow {wf.name!r}: node {node_id!r} runs unknown kind {spec.kind!r} "
+                "(pass the handler, or register the kind with the client)"
+            )
+        try:
+            options: JobOptions = handler.options.override(**spec.overrides)
+        except ValidationError as exc:
+            raise WorkflowError(f"node {node_id!r} of workflow {wf.name!r}: {exc}") from None
+        retention = options.retention if options.retention is not None else default_retention
+        edges = spec.deps
+        if not edges:
+            roots.add(options.queue)
+        nodes.append(
+            {
+                "node": node_id,
+                "kind": spec.kind,
+                "state": "pending" if edges else "available",
+                "input": None if spec.input is None else json.loads(spec.input),
+                "input_from": spec.input_from,
+                "queue": options.queue,
+                "priority": options.priority,
+                "max_attempts": options.max_attempts,
+                "timeout_us": micros(options.timeout),
+                "retention_us": micros(retention),
+                "on_dep_failure": spec.on_dep_failure,
+            }
+        )
+        deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())
+        inputs.extend(
+            {"node": node_id, "slot": slot, "dep_node": d, "assembly_mode": spec.assembly}
+            for slot, d in enumerate(spec.inputs)
+        )
+    return CompiledWorkflow(
+        name=wf.name,
+        def_version=wf.def_version,
+        result_node=wf.result_node,
+        nodes=json.dumps(nodes, separators=(",", ":")),
+        deps=json.dumps(deps, separators=(",", ":")),
+        inputs=json.dumps(inputs, separators=(",", ":")),
+        queues=frozenset(roots),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One validated submit: the compiled workflow and the run's parameters."""
+
+    workflow: CompiledWorkflow
+    params: dict[str, Any]
+    submit_key: str | None
+
+    @classmethod
+    def build(
+        cls,
+        compiled: CompiledWorkflow,
+        input: Any,
+        *,
+        submit_key: str | None = None,
+        deadline: Duration | None = None,
+    ) -> SubmitRequest:
+        """Validate the run input and options.
+
+        Raises:
+            ValidationError: a non-JSON input, a bad ``submit_key`` or ``deadline``.
+        """
+        encoded = encode_json(PLAIN.encode(input), f"input of workflow {compiled.name!r}")
+        if submit_key is not None:
+            check_text(submit_key, "submit_key")
+        limit = seconds(deadline, "deadline")
+        params = {
+            "workflow": compiled.name,
+            "def_version": compiled.def_version,
+            "input": encoded,
+            "result_node": compiled.result_node,
+            "submit_key": submit_key,
+            "deadline_us": micros(limit),
+            "nodes": compiled.nodes,
+            "deps": compiled.deps,
+            "inputs": compiled.inputs,
+        }
+        return cls(workflow=compiled, params=params, submit_key=submit_key)
+
+
+def check_submit_options(options: Mapping[str, Any]) -> None:
+    """Refuse unknown keyword options of ``submit``.
+
+    Raises:
+        ValidationError: naming the unknown options.
+    """
+    unknown = set(options) - SUBMIT_OPTIONS
+    if unknown:
+        raise ValidationError(
+            f"unknown option(s) {sorted(unknown)}; the options are {sorted(SUBMIT_OPTIONS)}"
+        )
+
+
+def submit_plan(request: SubmitRequest) -> Plan[Submitted]:
+    """Insert the run and its graph, or find the run that holds its ``submit_key``.
+
+    Raises:
+        StateError: the key kept changing hands (purged between insert and lookup).
+    """
+    for _ in range(_KEY_RETRIES):
+        rows = yield Stmt(Q.runs_submit, request.params)
+        if rows:
+            return Submitted(run_id=rows[0][0])
+        if request.submit_key is None:  # pragma: no cover - an insert without a key
+            break
+        rows = yield Stmt(
+            Q.runs_find_submit_key,
+            {"workflow": request.workflow.name, "submit_key": request.submit_key},
+        )
+        if rows:
+            return Submitted(run_id=rows[0][0], duplicate=True)
+    raise StateError(
+        f"submit_key {request.submit_key!r} of workflow {request.workflow.name!r} kept changing"
+    )

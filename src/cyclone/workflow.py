@@ -1,0 +1,381 @@
+"""Static DAG workflows: the builder, its validation and the ``def_version`` fingerprint.
+
+python-api.md, Workflows; engine-design, Why Static DAGs. A :class:`Workflow` is plain
+data: nodes (each a kind with options), control edges (``after=``), data edges
+(``input_from=``, ``inputs=``) and a result node. Pure code, no I/O: submit turns a
+validated workflow into the rows of one transaction (:mod:`cyclone.submit`).
+
+Data flow (decisions.md, Data flow in a DAG). A node's input is, in this order:
+
+* ``input_from=x``: the output of ``x``;
+* ``inputs=[x, y, ...]``: the outputs of the sources in slot order, assembled by
+  ``assembly``: ``"tuple"`` (default) gives a list with one element per source,
+  ``"array"`` concatenates the sources' outputs, each of which must be a list
+  (``None`` counts as an empty list);
+* ``input=value``: a constant given at definition;
+* otherwise the run input.
+
+A data edge implies its control edge: the node runs once every node of ``after``,
+``input_from`` and ``inputs`` has completed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cyclone.errors import ValidationError, WorkflowError
+from cyclone.handlers import Handler
+from cyclone.options import Duration, JobOptions, check_text
+from cyclone.payloads import PLAIN, encode_json
+
+__all__ = ["Assembly", "DepPolicy", "Node", "NodeSpec", "Workflow"]
+
+Assembly = Literal["tuple", "array"]
+"""How ``inputs=`` sources are assembled into one input."""
+DepPolicy = Literal["fail_run", "cancel_branch"]
+"""What a node does when a node upstream of it is discarded."""
+
+_ASSEMBLIES = ("tuple", "array")
+_POLICIES = ("fail_run", "cancel_branch")
+_MAX_NODES = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A reference to a node of a workflow, returned by :meth:`Workflow.node`.
+
+    Pass it to ``after=``, ``input_from=``, ``inputs=`` and :meth:`Workflow.result`;
+    a node id string works too.
+    """
+
+    __module__ = "cyclone"
+
+    id: str
+    workflow: str
+
+    def __str__(self) -> str:
+        return self.id
+
+
+NodeRef = Node | str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """One declared node: its kind, edges, input binding and options.
+
+    ``input`` is the constant input as JSON text, or ``None``. ``overrides`` are the
+    options given at definition; the kind's defaults fill the rest at submit.
+    """
+
+    id: str
+    kind: str
+    handler: Handler | None
+    after: tuple[str, ...]
+    input_from: str | None
+    inputs: tuple[str, ...]
+    assembly: Assembly
+    input: str | None
+    overrides: Mapping[str, Any]
+    on_dep_failure: DepPolicy
+
+    @property
+    def deps(self) -> dict[str, str]:
+        """Every upstream node -> ``"data"`` or ``"control"``, in declaration order."""
+        deps = dict.fromkeys(self.after, "control")
+        for dep in (self.input_from, *self.inputs):
+            if dep is not None:
+                deps[dep] = "data"
+        return deps
+
+
+class Workflow:
+    """A static DAG of steps, declared once and submitted many times.
+
+    Example::
+
+        wf = cyclone.Workflow("order")
+        v = wf.node("validate", validate)
+        c = wf.node("charge", charge, input_from=v)
+        r = wf.node("report", report, inputs=[v, c])
+        wf.result(r)
+
+    Args:
+        name: the workflow name stored in ``cyclone_runs.workflow`` (at most 256 bytes).
+
+    Raises:
+        WorkflowError: a bad name.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(self, name: str) -> None:
+        self.name = _check_id(name, "workflow name")
+        self._nodes: dict[str, NodeSpec] = {}
+        self._result: str | None = None
+        self._fingerprint: str | None = None
+        self._order: list[str] | None = None
+        self.revision = 0
+        """Bumped by every change, so compiled forms know they are stale."""
+
+    def __repr__(self) -> str:
+        return f"<cyclone.Workflow {self.name!r} nodes={len(self._nodes)}>"
+
+    @property
+    def nodes(self) -> Mapping[str, NodeSpec]:
+        """The declared nodes by id, in declaration order."""
+        return self._nodes
+
+    @property
+    def result_node(self) -> str | None:
+        """The node whose output is the run result (``None``: the result is ``None``)."""
+        return self._result
+
+    def node(
+        self,
+        id: str,
+        kind: Handler | str,
+        *,
+        after: Iterable[NodeRef] = (),
+        input_from: NodeRef | None = None,
+        inputs: Sequence[NodeRef] | None = None,
+        assembly: Assembly = "tuple",
+        input: Any = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        retention: Duration | None = None,
+        on_dep_failure: DepPolicy = "fail_run",
+    ) -> Node:
+        """Declare a node that runs ``kind`` once its upstream nodes completed.
+
+        Args:
+            id: node id, unique in the workflow (no ``[`` or ``]``: item tasks use them).
+            kind: the handler, or the name of a kind the submitting client registers.
+            after: control edges: nodes that must complete first.
+            input_from: single-source data edge: the node's input is that output.
+            inputs: ordered multi-source fan-in; see ``assembly``.
+            assembly: ``"tuple"`` (one list element per source) or ``"array"`` (the
+                sources' lists concatenated).
+            input: a constant input (JSON value) when no data edge is given; ``None``
+                means the run input.
+            queue, priority, max_attempts, timeout, retention: override the kind's
+                defaults (durations are ``timedelta`` or seconds).
+            on_dep_failure: ``"fail_run"`` (default) or ``"cancel_branch"``.
+
+        Returns:
+            A :class:`Node` reference for edges and :meth:`result`.
+
+        Raises:
+            WorkflowError: a duplicate id, a self-edge, a bad option, or both
+                ``input_from`` and ``inputs``. Nothing is declared then.
+        """
+        node_id = _check_id(id, "node id")
+        if "[" in node_id or "]" in node_id:
+            raise WorkflowError(f"node id {node_id!r} may not contain '[' or ']'")
+        if node_id in self._nodes:
+            raise WorkflowError(f"workflow {self.name!r}: duplicate node id {node_id!r}")
+        where = f"node {node_id!r} of workflow {self.name!r}"
+        if isinstance(kind, Handler):
+            kind_name, handler = kind.kind, kind
+        elif isinstance(kind, str):
+            kind_name, handler = _check_id(kind, f"kind of {where}"), None
+        else:
+            raise WorkflowError(f"{where}: kind must be a handler or a kind name, got {kind!r}")
+        if isinstance(after, str | Node):
+            after = [after]
+        after_ids = tuple(dict.fromkeys(self._ref(ref, f"after of {where}") for ref in after))
+        source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
+        if inputs is not None and (isinstance(inputs, str | Node) or not inputs):
+            raise WorkflowError(
+                f"{where}: inputs must be a non-empty list of nodes, got {inputs!r}"
+            )
+        sources = tuple(self._ref(ref, f"inputs of {where}") for ref in inputs or ())
+        if source is not None and sources:
+            raise WorkflowError(f"{where}: give input_from or inputs, not both")
+        if assembly not in _ASSEMBLIES:
+            raise WorkflowError(f"{where}: assembly must be 'tuple' or 'array', got {assembly!r}")
+        if on_dep_failure not in _POLICIES:
+            raise WorkflowError(
+                f"{where}: on_dep_failure must be 'fail_run' or 'cancel_branch', "
+                f"got {on_dep_failure!r}"
+            )
+        if node_id in (*after_ids, source, *sources):
+            raise WorkflowError(f"{where} depends on itself")
+        constant = None
+        if input is not None:
+            if source is not None or sources:
+                raise WorkflowError(f"{where}: a constant input and a data edge exclude each other")
+            try:
+                constant = encode_json(PLAIN.encode(input), f"input of {where}")
+            except ValidationError as exc:
+                raise WorkflowError(str(exc)) from None
+        overrides = {
+            key: value
+            for key, value in {
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "retention": retention,
+            }.items()
+            if value is not None
+        }
+        try:
+            JobOptions().override(**overrides)
+        except ValidationError as exc:
+            raise WorkflowError(f"{where}: {exc}") from None
+        if len(self._nodes) >= _MAX_NODES:
+            raise WorkflowError(f"workflow {self.name!r} has more than {_MAX_NODES} nodes")
+        self._nodes[node_id] = NodeSpec(
+            id=node_id,
+            kind=kind_name,
+            handler=handler,
+            after=after_ids,
+            input_from=source,
+            inputs=sources,
+            assembly=assembly,
+            input=constant,
+            overrides=overrides,
+            on_dep_failure=on_dep_failure,
+        )
+        self._fingerprint = self._order = None
+        self.revision += 1
+        return Node(node_id, self.name)
+
+    def result(self, node: NodeRef) -> None:
+        """Make ``node``'s output the run result (``cyclone_runs.result_node``).
+
+        Raises:
+            WorkflowError: ``node`` is not a node of this workflow.
+        """
+        node_id = self._ref(node, f"result of workflow {self.name!r}")
+        if node_id not in self._nodes:
+            raise WorkflowError(f"workflow {self.name!r}: result node {node_id!r} is not declared")
+        self._result = node_id
+        self._fingerprint = None
+        self.revision += 1
+
+    def _ref(self, ref: Any, what: str) -> str:
+        if isinstance(ref, Node):
+            if ref.workflow != self.name:
+                raise WorkflowError(f"{what}: {ref.id!r} is a node of workflow {ref.workflow!r}")
+            return ref.id
+        if isinstance(ref, str):
+            return _check_id(ref, what)
+        raise WorkflowError(f"{what}: expected a node or a node id, got {ref!r}")
+
+    def validate(self) -> list[str]:
+        """Check the whole graph; the node ids in topological order.
+
+        Ties keep declaration order, so a workflow declared upstream-first keeps its
+        order. Submit calls this; so does a client registering the workflow.
+
+        Raises:
+            WorkflowError: no nodes, an unknown dependency, or a cycle (named).
+        """
+        if self._order is not None:
+            return self._order
+        if not self._nodes:
+            raise WorkflowError(f"workflow {self.name!r} has no nodes")
+        for spec in self._nodes.values():
+            for dep in spec.deps:
+                if dep not in self._nodes:
+                    raise WorkflowError(
+                        f"workflow {self.name!r}: node {spec.id!r} depends on unknown node {dep!r}"
+                    )
+        waiting = {node_id: len(spec.deps) for node_id, spec in self._nodes.items()}
+        dependents: dict[str, list[str]] = {node_id: [] for node_id in self._nodes}
+        for spec in self._nodes.values():
+            for dep in spec.deps:
+                dependents[dep].append(spec.id)
+        rank = {node_id: i for i, node_id in enumerate(self._nodes)}
+        ready = [node_id for node_id, n in waiting.items() if n == 0]
+        order: list[str] = []
+        while ready:
+            ready.sort(key=rank.__getitem__, reverse=True)
+            node_id = ready.pop()
+            order.append(node_id)
+            for child in dependents[node_id]:
+                waiting[child] -= 1
+                if waiting[child] == 0:
+                    ready.append(child)
+        if len(order) < len(self._nodes):
+            stuck = [node_id for node_id, n in waiting.items() if n > 0]
+            raise WorkflowError(
+                f"workflow {self.name!r} has a cycle through nodes {_cycle(stuck, self._nodes)}"
+            )
+        self._order = order
+        return order
+
+    @property
+    def def_version(self) -> str:
+        """A stable fingerprint of the serialized DAG: 32 hex digits.
+
+        Computed from the workflow name, each node's id, kind, edges (with their type),
+        input bindings (slot order and assembly) and the result node, serialized as
+        canonical JSON and hashed with SHA-256. The same definition gives the same
+        string in every process and Python version; changing topology, kinds or edges
+        changes it. Options (queue, priority, attempts, timeouts, retention, failure
+        policy) and constant inputs are stored per step at submit and do not change it.
+
+        Raises:
+            WorkflowError: the graph is invalid (see :meth:`validate`).
+        """
+        if self._fingerprint is None:
+            self.validate()
+            shape = {
+                "workflow": self.name,
+                "result": self._result,
+                "nodes": [
+                    [
+                        spec.id,
+                        spec.kind,
+                        sorted(spec.deps.items()),
+                        spec.input_from,
+                        list(spec.inputs),
+                        spec.assembly if spec.inputs else None,
+                    ]
+                    for spec in sorted(self._nodes.values(), key=lambda s: s.id)
+                ],
+            }
+            text = json.dumps(shape, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return self._fingerprint
+
+    def kinds(self) -> dict[str, Handler | None]:
+        """The kinds its nodes run: name -> handler (``None`` when given by name)."""
+        found: dict[str, Handler | None] = {}
+        for spec in self._nodes.values():
+            if found.get(spec.kind) is None:
+                found[spec.kind] = spec.handler
+        return found
+
+
+def _check_id(value: Any, what: str) -> str:
+    try:
+        text = check_text(value, what)
+    except ValidationError as exc:
+        raise WorkflowError(str(exc)) from None
+    if not text:
+        raise WorkflowError(f"{what} must not be empty")
+    return text
+
+
+def _cycle(stuck: list[str], nodes: Mapping[str, NodeSpec]) -> str:
+    """One cycle among the ``stuck`` nodes, as ``a -> b -> a``."""
+    members = set(stuck)
+    path: list[str] = []
+    seen: dict[str, int] = {}
+    current = stuck[0]
+    while current not in seen:
+        seen[current] = len(path)
+        path.append(current)
+        current = next(dep for dep in nodes[current].deps if dep in members)
+    loop = [*path[seen[current] :], current]
+    return " -> ".join(repr(n) for n in reversed(loop))
