@@ -75,3 +75,47 @@ def test_unique_lookup_and_run_listing_use_their_indexes(loaded: psycopg.Connect
         Stmt(Q.runs_list, {"state": "running", "workflow": None, "before_id": None, "limit": 50}),
     )
     assert "Seq Scan" not in listing
+
+
+@pytest.fixture
+def dag_loaded(loaded: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    """On top of the jobs: 1,000 workflow runs of a 20-node chain (20,000 edges)."""
+    loaded.execute(
+        """
+        WITH r AS (
+            INSERT INTO cyclone_runs (workflow, def_version, result_node)
+            SELECT 'chain', 'v1', 'n19' FROM generate_series(1, 1000)
+            RETURNING id),
+        s AS (
+            INSERT INTO cyclone_steps (run_id, node, kind, state)
+            SELECT r.id, 'n' || g, 'k', CASE WHEN g = 0 THEN 'running' ELSE 'pending' END
+            FROM r, generate_series(0, 19) g)
+        INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
+        SELECT r.id, 'n' || g, 'n' || (g - 1), 'data'
+        FROM r, generate_series(1, 19) g
+        """
+    )
+    for table in ("cyclone_steps", "cyclone_runs", "cyclone_deps"):
+        loaded.execute(f"ANALYZE {table}")
+    return loaded
+
+
+def _first_workflow_step(db: psycopg.Connection[Any]) -> tuple[int, int]:
+    row = db.execute(
+        "SELECT s.id, s.run_id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id"
+        " WHERE r.workflow = 'chain' AND s.node = 'n0' ORDER BY s.id LIMIT 1"
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_advance_and_discard_resolution_use_the_edge_index(
+    dag_loaded: psycopg.Connection[Any],
+) -> None:
+    step_id, run_id = _first_workflow_step(dag_loaded)
+    advance = plan(dag_loaded, Stmt(Q.steps_complete, {"steps": f'[[{step_id},1,"w",null]]'}))
+    assert "idx_deps_depnode" in advance
+    assert "Seq Scan" not in advance
+    resolve = plan(dag_loaded, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}))
+    assert "idx_deps_depnode" in resolve
+    assert "Seq Scan" not in resolve

@@ -436,3 +436,78 @@ async def test_bad_array_input_discards_the_step(dsn: str) -> None:
     assert run.state == RunState.FAILED
     assert steps["r"].state == StepState.DISCARDED
     assert "array assembly needs a list from node 'p'" in (steps["r"].error or "")
+
+
+def _bad_workflows() -> dict[str, tuple[cyclone.Workflow | None, str]]:
+    cycle = cyclone.Workflow("cycle")
+    cycle.node("p", echo, after=["q"])
+    cycle.node("q", echo, after=["p"])
+    missing = cyclone.Workflow("missing")
+    missing.node("p", echo, after=["ghost"])
+    unknown = cyclone.Workflow("unknown")
+    unknown.node("p", "no_such_kind")
+    return {
+        "cycle": (cycle, "cycle through nodes"),
+        "missing dependency": (missing, "unknown node 'ghost'"),
+        "unknown kind": (unknown, "unknown kind 'no_such_kind'"),
+        "not a workflow": (None, "expected a cyclone.Workflow"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_bad_workflows()))
+async def test_bad_workflow_is_refused_and_writes_nothing(
+    dsn: str, db: psycopg.Connection[Any], case: str
+) -> None:
+    wf, message = _bad_workflows()[case]
+    async with client(dsn) as c:
+        with pytest.raises(cyclone.WorkflowError, match=message):
+            await c.submit(wf, None)  # type: ignore[arg-type]
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            with pytest.raises(cyclone.WorkflowError, match=message):
+                await c.submit_tx(conn, wf, None)  # type: ignore[arg-type]
+    with cyclone.SyncClient(dsn) as sync, pytest.raises(cyclone.WorkflowError, match=message):
+        sync.submit(wf, None)  # type: ignore[arg-type]
+    for table in ("cyclone_runs", "cyclone_steps", "cyclone_deps", "cyclone_step_inputs"):
+        assert scalar(db, f"SELECT count(*) FROM {table}") == 0, table
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"submit_key": ""}, "submit_key must not be empty"),
+        ({"submit_key": "k\x00"}, "NUL"),
+        ({"deadline": -5}, "deadline"),
+        ({"deadline": "soon"}, "deadline"),
+        ({"priority": 3}, r"unknown option\(s\) \['priority'\]"),
+    ],
+)
+async def test_bad_submit_options_are_refused(
+    dsn: str, db: psycopg.Connection[Any], options: dict[str, Any], message: str
+) -> None:
+    async with client(dsn) as c:
+        with pytest.raises(cyclone.ValidationError, match=message):
+            await c.submit(diamond(), None, **options)
+        with pytest.raises(cyclone.ValidationError, match="not a JSON value"):
+            await c.submit(diamond(), {"x": float("inf")})
+    assert scalar(db, "SELECT count(*) FROM cyclone_runs") == 0
+
+
+async def test_thousand_node_dag_submits_in_one_statement(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    from cyclone.config import ClientConfig
+    from cyclone.submit import SubmitRequest, submit_plan
+
+    wf = cyclone.Workflow("wide")
+    root = wf.node("root", echo)
+    middle = [wf.node(f"m{i}", echo, input_from=root) for i in range(998)]
+    wf.node("sink", echo, inputs=middle)
+    compiled = ClientConfig(handlers=(), schema="public", retention=None, notify=True).compile(wf)
+    plan = submit_plan(SubmitRequest.build(compiled, None))
+    assert next(plan).sql.startswith("WITH run AS")  # the whole graph: one statement
+    async with client(dsn) as c:
+        sub = await c.submit(wf, None)
+    assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE run_id = %s", (sub.run_id,)) == 1000
+    assert scalar(db, "SELECT count(*) FROM cyclone_deps") == 1996
+    assert scalar(db, "SELECT count(*) FROM cyclone_step_inputs") == 998
+    assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'available'") == 1

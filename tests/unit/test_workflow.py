@@ -145,3 +145,40 @@ def test_def_version_equal_in_another_process() -> None:
         env={"PYTHONHASHSEED": "12345", "PATH": ""},
     )
     assert out.stdout.strip() == sample().def_version
+
+
+def test_output_cache_bounds() -> None:
+    from cyclone.inputs import OutputCache
+
+    cache = OutputCache(max_entries=3, max_bytes=10)
+    for i in range(4):
+        cache.put((1, f"n{i}"), '"ab"')  # 4 bytes each
+    assert len(cache) == 2 and cache.bytes == 8  # the byte budget evicted the oldest two
+    assert cache.get((1, "n0")) == (False, None) and cache.get((1, "n3")) == (True, '"ab"')
+    cache.put((1, "big"), '"' + "x" * 20 + '"')  # over the whole budget: never cached
+    assert (1, "big") not in cache and len(cache) == 2
+    cache.put((1, "none"), None)
+    cache.put((1, "é"), '"é"')  # 4 bytes of UTF-8, 3 characters
+    assert cache.bytes == 8 and (1, "n2") not in cache  # least recently used went first
+    small = OutputCache(max_entries=2)
+    for i in range(3):
+        small.put((2, str(i)), "1")
+    assert len(small) == 2 and (2, "0") not in small
+
+
+def test_assemble_modes() -> None:
+    from cyclone.inputs import InputError, assemble
+
+    outputs = {(1, "a"): "[1, 2]", (1, "b"): "null", (1, "c"): '{"k": 1}'}
+    assert assemble(1, "c", None, outputs) == {"k": 1}
+    assert assemble(1, None, (("a", "tuple"), ("c", "tuple")), outputs) == [[1, 2], {"k": 1}]
+    assert assemble(1, None, (("a", "array"), ("b", "array"), ("a", "array")), outputs) == [
+        1,
+        2,
+        1,
+        2,
+    ]
+    with pytest.raises(InputError, match="needs a list from node 'c'"):
+        assemble(1, None, (("c", "array"),), outputs)
+    with pytest.raises(InputError, match="'zz'"):
+        assemble(1, "zz", None, outputs)
