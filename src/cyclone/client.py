@@ -97,7 +97,7 @@ class Client:
             too). A worker runs a workflow step only if it registers the run's workflow
             with the run's ``def_version``; see docs/workflows.md.
         queues: queue name -> worker slots. Default: each queue of the registered kinds
-            with 10 slots.
+            and of the registered workflows' nodes, with 10 slots.
         lease_ttl: lease length (``timedelta`` or seconds, default 30): the time to detect a
             crashed worker. Heartbeats renew it every ``lease_ttl / 3``.
         poll_interval: seconds between polls when no wakeup comes (default 1).
@@ -182,7 +182,8 @@ class Client:
 
         handler_list = list(self.config.handlers.values())
         if queues is None:
-            queues = {h.options.queue: DEFAULT_SLOTS for h in handler_list}
+            served = {h.options.queue for h in handler_list} | self.config.workflow_queues
+            queues = dict.fromkeys(sorted(served), DEFAULT_SLOTS)
         if not isinstance(queues, Mapping):
             raise ValidationError(f"queues must map queue names to slots, got {queues!r}")
         self.queues = {

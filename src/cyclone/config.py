@@ -100,8 +100,11 @@ class ClientConfig:
         self._compiled: dict[int, tuple[Workflow, int, CompiledWorkflow]] = {}
         self.workflows: dict[str, list[str]] = {}
         """Registered workflow name -> the def_versions this client runs."""
+        self.workflow_queues: set[str] = set()
+        """The queues of every node of the registered workflows."""
         for wf in workflow_list:
             compiled = self.compile(wf)
+            self.workflow_queues.update(compiled.all_queues)
             versions = self.workflows.setdefault(wf.name, [])
             if compiled.def_version not in versions:
                 versions.append(compiled.def_version)

@@ -84,19 +84,21 @@ TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
 
 S = StepState
 STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
+    (S.PENDING, S.AVAILABLE): "DAG advance: its last parent completed (completion transaction)",
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
         "failed attempt with retries left (worker, backoff via scheduled_at); "
         "recovery sweep (lease expired or timeout passed, reclaims + 1); "
-        "release at graceful shutdown or sequence-gate recheck (no count)"
+        "release at graceful shutdown, sequence-gate recheck or def_version mismatch "
+        "(no count)"
     ),
     (S.RUNNING, S.DISCARDED): (
         "last attempt failed or Discard raised (worker); reclaim limit (sweep)"
     ),
-    (S.RUNNING, S.CANCELLED): "cancel of the run",
-    (S.AVAILABLE, S.CANCELLED): "cancel of the run",
-    (S.PENDING, S.CANCELLED): "cancel of the run",
+    (S.RUNNING, S.CANCELLED): "cancel of the run, or fail-fast of its run",
+    (S.AVAILABLE, S.CANCELLED): "cancel of the run, or fail-fast of its run",
+    (S.PENDING, S.CANCELLED): "cancel or fail-fast of the run; cancel_branch below a discard",
     (S.PAUSED, S.CANCELLED): "cancel of the run",
     (S.WAITING_SIGNAL, S.CANCELLED): "cancel of the run",
     (S.WAITING_TIMER, S.CANCELLED): "cancel of the run",
@@ -106,8 +108,14 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
 
 R = RunState
 RUN_TRANSITIONS: dict[tuple[RunState, RunState], str] = {
-    (R.RUNNING, R.COMPLETED): "its last step completed (completion transaction)",
-    (R.RUNNING, R.FAILED): "a fatal discard (worker or sweep, under the run row lock)",
+    (R.RUNNING, R.COMPLETED): (
+        "no active step left: its last step completed (completion transaction) or a "
+        "contained discard cancelled the rest (discard transaction)"
+    ),
+    (R.RUNNING, R.FAILED): (
+        "a fatal discard, or a contained one that cancelled the result node "
+        "(worker or sweep, under the run row lock)"
+    ),
     (R.RUNNING, R.CANCELLED): "cancel",
     (R.PAUSED, R.CANCELLED): "cancel",
 }

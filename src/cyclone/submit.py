@@ -58,7 +58,8 @@ SUBMIT_OPTIONS = frozenset(SubmitOptions.__annotations__)
 class CompiledWorkflow:
     """A validated workflow as the parameters of ``runs_submit`` (JSON texts).
 
-    ``queues`` are the queues of its root steps, announced after submit.
+    ``queues`` are the queues of its root steps, announced after submit;
+    ``all_queues`` those of every node (a worker registering the workflow serves them).
     """
 
     name: str
@@ -68,6 +69,7 @@ class CompiledWorkflow:
     deps: str
     inputs: str
     queues: frozenset[str]
+    all_queues: frozenset[str]
 
 
 def compile_workflow(
@@ -132,6 +134,7 @@ def compile_workflow(
         deps=json.dumps(deps, separators=(",", ":")),
         inputs=json.dumps(inputs, separators=(",", ":")),
         queues=frozenset(roots),
+        all_queues=frozenset(node["queue"] for node in nodes),
     )
 
 

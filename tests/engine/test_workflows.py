@@ -511,3 +511,17 @@ async def test_thousand_node_dag_submits_in_one_statement(
     assert scalar(db, "SELECT count(*) FROM cyclone_deps") == 1996
     assert scalar(db, "SELECT count(*) FROM cyclone_step_inputs") == 998
     assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'available'") == 1
+
+
+async def test_worker_serves_the_queues_of_its_workflows_nodes(dsn: str) -> None:
+    wf = cyclone.Workflow("queues")
+    first = wf.node("first", echo, queue="ingest", priority=5)
+    wf.node("second", echo, input_from=first, queue="publish")
+    c = client(dsn, wf)
+    assert set(c.queues) == {"default", "ingest", "publish"}
+    async with c:
+        sub = await c.submit(wf, "x")
+        run = await c.wait(sub, timeout=30)
+        steps = await c.list_steps(sub)
+    assert run.state == RunState.COMPLETED
+    assert [(s.queue, s.priority) for s in steps] == [("ingest", 5), ("publish", 0)]
