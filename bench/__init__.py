@@ -9,6 +9,9 @@ creates and drops, and writes its figures to ``bench/results/jobs-<timestamp>.js
 Modules:
 
 * :mod:`bench.jobs`: the command, the Cyclone measurements and the report;
+* :mod:`bench.dag`: the static-DAG benchmark, no-op workflow steps against standalone
+  jobs, and the submit time of a 1,000-node DAG (``python -m bench.dag``);
+* :mod:`bench.dag_app`: its workflows and worker processes;
 * :mod:`bench.raw`: the pgbench runs (also ``python -m bench.raw`` on its own);
 * :mod:`bench.workers`: the worker processes (started with multiprocessing, spawn);
 * :mod:`bench.db`: throwaway databases and connection strings;
