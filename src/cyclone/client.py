@@ -307,6 +307,7 @@ class Client:
                 max_size=async_size,
                 open=False,
                 name="cyclone-tx",
+                configure=_read_committed_async,
             )
             await self._async_tx_pool.open()
         if sync_size:
@@ -316,6 +317,7 @@ class Client:
                 max_size=sync_size,
                 open=False,
                 name="cyclone-tx-sync",
+                configure=_read_committed,
             )
             await asyncio.to_thread(self._sync_tx_pool.open)
         assert self._publisher is not None
@@ -747,6 +749,16 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
+
+
+async def _read_committed_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Completion transactions run READ COMMITTED whatever the server's default (the DAG
+    advance relies on it)."""
+    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+
+
+def _read_committed(conn: psycopg.Connection[Any]) -> None:
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
 
 def _split_handler_pools(

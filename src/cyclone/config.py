@@ -71,6 +71,8 @@ class ClientConfig:
         workflows: Iterable[Workflow] = (),
     ) -> None:
         registry: dict[str, Handler] = {}
+        if isinstance(workflows, Workflow) or not isinstance(workflows, Iterable):
+            raise ValidationError(f"workflows must be a list of workflows, got {workflows!r}")
         workflow_list = list(workflows)
         for wf in workflow_list:
             if not isinstance(wf, Workflow):
@@ -97,7 +99,9 @@ class ClientConfig:
             raise ValidationError(f"notify must be True or False, got {notify!r}")
         self.notify = notify
         self.trackers: weakref.WeakKeyDictionary[Any, WakeupTracker] = weakref.WeakKeyDictionary()
-        self._compiled: dict[int, tuple[Workflow, int, CompiledWorkflow]] = {}
+        self._compiled: weakref.WeakKeyDictionary[Workflow, tuple[int, CompiledWorkflow]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.workflows: dict[str, list[str]] = {}
         """Registered workflow name -> the def_versions this client runs."""
         self.workflow_queues: set[str] = set()
@@ -118,11 +122,11 @@ class ClientConfig:
         """
         if not isinstance(wf, Workflow):
             raise WorkflowError(f"expected a cyclone.Workflow, got {wf!r}")
-        cached = self._compiled.get(id(wf))
-        if cached is not None and cached[0] is wf and cached[1] == wf.revision:
-            return cached[2]
+        cached = self._compiled.get(wf)
+        if cached is not None and cached[0] == wf.revision:
+            return cached[1]
         compiled = compile_workflow(wf, self.handlers, self.retention)
-        self._compiled[id(wf)] = (wf, wf.revision, compiled)
+        self._compiled[wf] = (wf.revision, compiled)
         return compiled
 
     def submit_request(self, wf: Workflow, input: Any = None, **options: Any) -> SubmitRequest:

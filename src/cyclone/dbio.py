@@ -56,7 +56,9 @@ class Stmt:
 Plan = Generator[Stmt, Rows, T]
 """A sequence of statements where each may depend on the rows of the one before."""
 
-_BEGIN_STMT = Stmt("BEGIN")
+_BEGIN_STMT = Stmt("BEGIN ISOLATION LEVEL READ COMMITTED")
+"""Engine transactions are READ COMMITTED whatever the server's default: the DAG advance
+relies on each statement seeing what committed before the run row lock was granted."""
 _COMMIT_STMT = Stmt("COMMIT")
 
 

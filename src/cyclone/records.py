@@ -103,7 +103,9 @@ class Step:
     """A step (``cyclone_steps``) as ``list_steps`` returns it.
 
     ``timeout`` and ``retention`` are seconds or ``None``; ``input`` is the resolved
-    input (for a step that takes the run input, the run's input).
+    input: the constant or the run's input; for a data edge (``input_from``) the
+    upstream output once it exists; ``None`` for a fan-in node (``inputs=``), whose
+    input is assembled from its upstream steps' outputs when it is claimed.
     """
 
     __module__ = "cyclone"

@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 _KEY_RETRIES = 5
+MAX_GRAPH_CHARS = 200 * 1024 * 1024
+"""Most characters of node JSON (constant inputs included) one submit carries: PostgreSQL
+caps the total size of a jsonb array's elements at 256 MiB."""
 
 
 class SubmitOptions(TypedDict, total=False):
@@ -126,11 +129,18 @@ def compile_workflow(
             {"node": node_id, "slot": slot, "dep_node": d, "assembly_mode": spec.assembly}
             for slot, d in enumerate(spec.inputs)
         )
+    nodes_text = json.dumps(nodes, separators=(",", ":"))
+    if len(nodes_text) > MAX_GRAPH_CHARS:
+        raise WorkflowError(
+            f"workflow {wf.name!r} is {len(nodes_text)} characters of JSON with its constant "
+            f"inputs, over the {MAX_GRAPH_CHARS} a submit can carry; pass large inputs as "
+            "the run input or through upstream outputs"
+        )
     return CompiledWorkflow(
         name=wf.name,
         def_version=wf.def_version,
         result_node=wf.result_node,
-        nodes=json.dumps(nodes, separators=(",", ":")),
+        nodes=nodes_text,
         deps=json.dumps(deps, separators=(",", ":")),
         inputs=json.dumps(inputs, separators=(",", ":")),
         queues=frozenset(roots),

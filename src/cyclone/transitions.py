@@ -88,11 +88,13 @@ def claim_stmt(
     ttl: float,
     limit: int,
     timeouts: Sequence[float | None] | None = None,
+    foreign: Sequence[str] = (),
 ) -> Stmt:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
     ``timeouts`` (seconds, aligned with ``kinds``) are the kinds' declared timeouts,
-    applied to a claimed step that has none.
+    applied to a claimed step that has none. Steps of runs whose def_version is in
+    ``foreign`` are skipped.
     """
     return Stmt(
         Q.steps_claim,
@@ -103,6 +105,7 @@ def claim_stmt(
             "owner": owner,
             "ttl_us": micros(ttl),
             "limit": limit,
+            "foreign": list(foreign),
         },
     )
 

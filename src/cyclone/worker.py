@@ -60,6 +60,9 @@ __all__ = ["Worker", "WorkerSettings"]
 
 log = logging.getLogger("cyclone.worker")
 
+MAX_FOREIGN_VERSIONS = 1000
+"""Foreign def_versions a worker remembers (and its claim skips)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
@@ -117,6 +120,7 @@ class Worker:
     ) -> None:
         self.settings = settings
         self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
+        self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self.outputs = OutputCache()
         """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
         self._build_submit = build_submit
@@ -219,12 +223,12 @@ class Worker:
         await self._completer.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _release(self, steps: list[Claimed]) -> None:
+    async def _release(self, steps: list[Claimed], why: str = "at shutdown") -> None:
         try:
             async with self._pool.connection() as conn:
                 rows = await fetch_async(conn, release_stmt(steps))
             self._publisher.available({row[1] for row in rows})
-            log.info("released %d held steps at shutdown", len(rows))
+            log.info("released %d held steps %s", len(rows), why)
         except Exception as exc:
             log.warning(
                 "releasing %d steps failed; the sweep will reclaim them: %s", len(steps), exc
@@ -276,20 +280,30 @@ class Worker:
             owner=owner,
             ttl=self.settings.lease_ttl,
             limit=limit,
+            foreign=self._foreign,
         )
         async with self._lease_pool.connection() as conn:
             claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner)
-            sequenced = [step for step in claimed if step.sequence_key is not None]
-            if sequenced:
-                rows = await batch_async(conn, sequence_recheck_stmts(sequenced), transaction=True)
-                given_back = {row[0] for row in rows[-1]}
-                if given_back:
-                    log.debug("sequence recheck gave back steps %s", sorted(given_back))
-                    claimed = [step for step in claimed if step.id not in given_back]
-            if any(step.def_version != "job" for step in claimed):
-                claimed = await self._check_versions(conn, claimed)
-                if any(step.has_data_edge for step in claimed):
-                    claimed = await self._resolve_inputs(conn, claimed)
+            try:
+                sequenced = [step for step in claimed if step.sequence_key is not None]
+                if sequenced:
+                    rows = await batch_async(
+                        conn, sequence_recheck_stmts(sequenced), transaction=True
+                    )
+                    given_back = {row[0] for row in rows[-1]}
+                    if given_back:
+                        log.debug("sequence recheck gave back steps %s", sorted(given_back))
+                        claimed = [step for step in claimed if step.id not in given_back]
+                if any(step.def_version != "job" for step in claimed):
+                    claimed = await self._check_versions(conn, claimed)
+                    if any(step.has_data_edge for step in claimed):
+                        claimed = await self._resolve_inputs(conn, claimed)
+            except Exception:
+                # Give the claimed steps back now rather than let the sweep reclaim them
+                # (which would count a reclaim); the claim loop logs and backs off.
+                if claimed:
+                    await self._release(claimed, "after a failed claim")
+                raise
         return claimed
 
     async def _check_versions(
@@ -309,11 +323,16 @@ class Worker:
         ]
         if not foreign:
             return claimed
-        rows = await fetch_async(conn, mismatch_stmt(foreign, self._workflows))
+        await fetch_async(conn, mismatch_stmt(foreign, self._workflows))
         for step in foreign:
+            if step.def_version not in self._foreign:
+                if len(self._foreign) >= MAX_FOREIGN_VERSIONS:
+                    self._foreign.pop(0)
+                self._foreign.append(step.def_version)
             log.warning(
                 "step %d (%s) of run %d: def_version mismatch: the run has %s of workflow %r, "
-                "this worker has %s; given back for a worker with that definition",
+                "this worker has %s; given back for a worker with that definition "
+                "(this worker skips that def_version from now on)",
                 step.id,
                 step.node,
                 step.run_id,
@@ -321,8 +340,8 @@ class Worker:
                 step.workflow,
                 self._workflows.get(step.workflow) or "none",
             )
-        given_back = {row[0] for row in rows}
-        return [step for step in claimed if step.id not in given_back]
+        # Never run a foreign step, even one whose release found it moved on (cancelled).
+        return [step for step in claimed if step not in foreign]
 
     async def _resolve_inputs(
         self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]

@@ -22,6 +22,7 @@ A data edge implies its control edge: the node runs once every node of ``after``
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ class Workflow:
         wf.result(r)
 
     Args:
-        name: the workflow name stored in ``cyclone_runs.workflow`` (at most 256 bytes).
+        name: the workflow name stored in ``cyclone_runs.workflow`` (at most 1,024 bytes).
 
     Raises:
         WorkflowError: a bad name.
@@ -189,9 +190,13 @@ class Workflow:
             raise WorkflowError(f"{where}: kind must be a handler or a kind name, got {kind!r}")
         if isinstance(after, str | Node):
             after = [after]
+        if not isinstance(after, Iterable):
+            raise WorkflowError(f"{where}: after must be a list of nodes, got {after!r}")
         after_ids = tuple(dict.fromkeys(self._ref(ref, f"after of {where}") for ref in after))
         source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
-        if inputs is not None and (isinstance(inputs, str | Node) or not inputs):
+        if inputs is not None and (
+            isinstance(inputs, str | Node) or not isinstance(inputs, Sequence) or not inputs
+        ):
             raise WorkflowError(
                 f"{where}: inputs must be a non-empty list of nodes, got {inputs!r}"
             )
@@ -294,17 +299,18 @@ class Workflow:
         for spec in self._nodes.values():
             for dep in spec.deps:
                 dependents[dep].append(spec.id)
-        rank = {node_id: i for i, node_id in enumerate(self._nodes)}
-        ready = [node_id for node_id, n in waiting.items() if n == 0]
+        ids = list(self._nodes)
+        rank = {node_id: i for i, node_id in enumerate(ids)}
+        ready = [rank[node_id] for node_id, n in waiting.items() if n == 0]
+        heapq.heapify(ready)
         order: list[str] = []
         while ready:
-            ready.sort(key=rank.__getitem__, reverse=True)
-            node_id = ready.pop()
+            node_id = ids[heapq.heappop(ready)]
             order.append(node_id)
             for child in dependents[node_id]:
                 waiting[child] -= 1
                 if waiting[child] == 0:
-                    ready.append(child)
+                    heapq.heappush(ready, rank[child])
         if len(order) < len(self._nodes):
             stuck = [node_id for node_id, n in waiting.items() if n > 0]
             raise WorkflowError(

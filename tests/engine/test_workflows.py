@@ -220,6 +220,24 @@ async def test_cancel_branch_with_one_fail_run_node_below_is_fatal(dsn: str) -> 
     assert run.state == RunState.FAILED and run.error == "Discard: bad gives up"
 
 
+async def test_discarded_result_node_fails_the_run_even_if_contained(dsn: str) -> None:
+    wf = cyclone.Workflow("discarded_result")
+    root = wf.node("root", echo)
+    res = wf.node("res", fail, after=[root])
+    wf.node("below", echo, after=[res], on_dep_failure="cancel_branch")
+    wf.result(res)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, None)
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s.state for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED and run.error == "Discard: res gives up"
+    assert steps == {
+        "root": StepState.COMPLETED,
+        "res": StepState.DISCARDED,
+        "below": StepState.CANCELLED,
+    }
+
+
 async def test_cancelled_result_node_fails_the_run(dsn: str) -> None:
     wf = cyclone.Workflow("lost_result")
     bad = wf.node("bad", fail)
@@ -390,6 +408,31 @@ async def test_def_version_mismatch_gives_the_step_back(
     assert run.state == RunState.COMPLETED
 
 
+async def test_mismatched_worker_skips_the_version_and_keeps_serving(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    old = cyclone.Workflow("rolling2")
+    old.node("start", tag)
+    new = cyclone.Workflow("rolling2")
+    new.node("start", tag, after=[new.node("pre", tag)])
+    async with client(dsn) as producer:
+        subs = [await producer.submit(new, i) for i in range(5)]
+    async with client(dsn, old, handlers=[echo], poll_interval=0.05) as c:
+        await apoll_until(
+            lambda: _error_kind(db, subs[-1].run_id, "def_version_mismatch"),
+            what="the mismatch to be seen",
+        )
+        # due again at once: a worker that knows the version is foreign skips it
+        db.execute("UPDATE cyclone_steps SET scheduled_at = now() - interval '1 hour'")
+        job = await c.enqueue(echo, "still served", priority=-5)
+        assert (await c.wait(job, timeout=30)).result == "still served"
+    generations = db.execute(
+        "SELECT lease_generation, attempt, reclaims FROM cyclone_steps s"
+        " JOIN cyclone_runs r ON r.id = s.run_id WHERE r.workflow = 'rolling2' AND s.node = 'pre'"
+    ).fetchall()
+    assert generations == [(1, 0, 0)] * 5  # each claimed once, given back, never again
+
+
 async def _error_kind(db: psycopg.Connection[Any], run_id: int, kind: str) -> bool:
     return bool(
         scalar(
@@ -423,6 +466,18 @@ async def test_views_count_a_real_run(dsn: str, db: psycopg.Connection[Any]) -> 
         ("ok", "wf_echo", "completed", 0, None, True, True, False),
         ("bad", "wf_fail", "discarded", 1, "discard", True, True, False),
     ]
+
+
+def test_bad_argument_types_raise_named_errors(dsn: str) -> None:
+    wf = cyclone.Workflow("types")
+    x = wf.node("x", echo)
+    for kwargs in ({"after": None}, {"after": 5}, {"inputs": 5}, {"inputs": x}):
+        with pytest.raises(cyclone.WorkflowError):
+            wf.node("y", echo, **kwargs)
+    with pytest.raises(cyclone.ValidationError, match="workflows must be a list"):
+        cyclone.Client(dsn, workflows=wf)  # type: ignore[arg-type]
+    with pytest.raises(cyclone.ValidationError, match="workflows must be"):
+        cyclone.SyncClient(dsn, workflows=[echo])  # type: ignore[list-item]
 
 
 async def test_bad_array_input_discards_the_step(dsn: str) -> None:

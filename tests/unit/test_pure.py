@@ -124,7 +124,7 @@ def test_wakeups_follow_the_commit_of_what_they_announce() -> None:
     wakeup = wakeup_statement(["default"], [])
     assert wakeup is not None
     query, _ = script(_wrap([work], True, [wakeup, runs_done_statement([1])]))
-    commit = query.index("COMMIT")
+    commit = query.index("COMMIT", query.index("INSERT"))  # not the BEGIN's READ COMMITTED
     assert query.index("BEGIN") < query.index("INSERT") < commit
     assert commit < query.index("pg_notify('cyclone_available'")
     assert commit < query.index("pg_notify('cyclone_run_done'")

@@ -22,8 +22,9 @@ FOR UPDATE;
 -- most once (the UPDATE from running finds nothing the second time), and a second
 -- UPDATE cancels every other active step. When every downstream node declares
 -- cancel_branch, only that closure is cancelled and the run goes on; it completes if
--- nothing active is left, and fails with "result node cancelled" if the closure holds
--- the result node. A sibling still in its handler learns of a cancel at its next
+-- nothing active is left. The run fails all the same when its result is lost: the
+-- discarded step is the result node (the run's error is then the step's error), or the
+-- cancelled closure holds it ("result node cancelled"). A sibling still in its handler learns of a cancel at its next
 -- heartbeat; its late completion matches no row.
 WITH RECURSIVE discarded AS (
     SELECT s.run_id, s.node
@@ -47,7 +48,8 @@ WITH RECURSIVE discarded AS (
                 FROM branch b
                 JOIN cyclone_steps s ON s.run_id = %(run_id)s AND s.node = b.node
                 WHERE s.on_dep_failure IS DISTINCT FROM 'cancel_branch')) AS fatal,
-           coalesce(r.result_node IN (SELECT node FROM branch), false) AS result_lost
+           coalesce(r.result_node = x.node OR r.result_node IN (SELECT node FROM branch), false)
+               AS result_lost
     FROM discarded x
     JOIN cyclone_runs r ON r.id = %(run_id)s AND r.state IN ('running', 'paused')
 ), failed AS (

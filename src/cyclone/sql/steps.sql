@@ -89,7 +89,9 @@ ORDER BY step.run_id;
 -- lease the database clock computes from the TTL. A step enqueued without a timeout
 -- (by a producer that does not know the kind) takes the timeout the worker's kind
 -- declares (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim
--- on. A workflow step also returns its data edge (input_from) and its ordered input
+-- on. Steps of runs whose def_version this worker has found foreign (%(foreign)s, a
+-- def_version names its workflow too) are skipped, so a mismatch is given back once per
+-- worker, not claimed again and again. A workflow step also returns its data edge (input_from) and its ordered input
 -- bindings ("dep_node:assembly_mode" per slot), which the worker resolves from upstream
 -- outputs; a standalone job (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
@@ -107,6 +109,11 @@ WITH claimable AS (
       AND s.queue = %(queue)s
       AND s.scheduled_at <= now()
       AND s.kind = ANY(%(kinds)s::text[])
+      AND (cardinality(%(foreign)s::text[]) = 0 OR NOT EXISTS (
+              SELECT 1
+              FROM cyclone_runs f
+              WHERE f.id = s.run_id
+                AND f.def_version = ANY(%(foreign)s::text[])))
       AND (s.sequence_key IS NULL OR NOT EXISTS (
               SELECT 1
               FROM cyclone_steps e
@@ -405,9 +412,19 @@ RETURNING id;
 
 
 -- name: steps_list
--- Every step of one run, in insertion order (the order of definition).
+-- Every step of one run, in insertion order (topological, then definition order). The
+-- input shown is the constant or the run input; for a data edge the upstream output
+-- once it exists; for a fan-in (cyclone_step_inputs) nothing.
 SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
-       coalesce(s.input, r.input) AS input, s.output, s.attempt, s.max_attempts,
+       CASE
+           WHEN s.input_from IS NOT NULL THEN (
+               SELECT u.output FROM cyclone_steps u
+               WHERE u.run_id = s.run_id AND u.node = s.input_from)
+           WHEN EXISTS (
+               SELECT 1 FROM cyclone_step_inputs i
+               WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
+           ELSE coalesce(s.input, r.input) END AS input,
+       s.output, s.attempt, s.max_attempts,
        s.error, s.error_kind, s.panic_stack, s.reclaims, s.lease_owner, s.lease_expiry,
        s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
        s.completed_at, s.unique_key, s.sequence_key,
