@@ -116,7 +116,7 @@ class Completer:
                 for item in batch:
                     await self._flush([item])
                 return
-        done, finished, woken = parse_completed(rows[-1])
+        done, finished, woken = parse_completed(rows)
         if woken:
             self._woken(woken)
         for step, _, future in batch:

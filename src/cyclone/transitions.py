@@ -143,32 +143,48 @@ def heartbeat_stmt(step: Claimed, *, ttl: float) -> Stmt:
     )
 
 
-def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
-    """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
-
-    Each output is JSON text made by ``encode_json``; the batch travels as one JSON
-    text of ``[id, generation, owner, output]`` quadruples.
-
-    Returns the statements for one transaction; the last one's rows go to
-    :func:`parse_completed`.
-    """
+def _completions(items: Sequence[tuple[Claimed, str | None]]) -> str:
     rows = ",".join(
         f"[{step.id},{step.generation},{json.dumps(step.owner)},"
         f"{'null' if output is None else output}]"
         for step, output in items
     )
-    return [
-        Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})}),
-        Stmt(Q.steps_complete, {"steps": f"[{rows}]"}),
-    ]
+    return f"[{rows}]"
 
 
-def parse_completed(rows: Rows) -> tuple[set[int], set[int], set[str]]:
-    """From ``steps_complete`` rows: ids of steps completed, of runs finished, and the
-    queues where the advance made steps available."""
-    done = {row[0] for row in rows}
-    finished = {row[1] for row in rows if row[2]}
-    woken = set(rows[0][3] or ()) if rows else set()
+def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
+    """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
+
+    Each output is JSON text made by ``encode_json``; a batch travels as one JSON text
+    of ``[id, generation, owner, output]`` quadruples. Steps of standalone runs take the
+    lean ``steps_complete``; workflow steps take ``steps_complete_dag``, which also
+    advances their runs; a mixed batch runs both in the one transaction.
+
+    Returns the statements for one transaction; pass all their results to
+    :func:`parse_completed`.
+    """
+    jobs = [item for item in items if item[0].def_version == "job"]
+    dag = [item for item in items if item[0].def_version != "job"]
+    stmts = [Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})})]
+    if jobs:
+        stmts.append(Stmt(Q.steps_complete, {"steps": _completions(jobs)}))
+    if dag:
+        stmts.append(Stmt(Q.steps_complete_dag, {"dag_steps": _completions(dag)}))
+    return stmts
+
+
+def parse_completed(results: Sequence[Rows]) -> tuple[set[int], set[int], set[str]]:
+    """From the results of :func:`complete_stmts`: ids of steps completed, of runs
+    finished, and the queues where the advance made steps available."""
+    done: set[int] = set()
+    finished: set[int] = set()
+    woken: set[str] = set()
+    for rows in results[1:]:  # after runs_lock
+        for row in rows:
+            done.add(row[0])
+            if row[2]:
+                finished.add(row[1])
+            woken.update(row[3] or ())
     return done, finished, woken
 
 

@@ -548,7 +548,7 @@ class Worker:
             assert tx.sync_conn is not None
             try:
                 rows = batch_sync(tx.sync_conn, complete_stmts([(step, output)]), transaction=False)
-                done, finished, woken = parse_completed(rows[-1])
+                done, finished, woken = parse_completed(rows)
                 if step.id not in done:
                     log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                     return None
@@ -580,7 +580,7 @@ class Worker:
         assert conn is not None
         try:
             rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-            done, finished, woken = parse_completed(rows[-1])
+            done, finished, woken = parse_completed(rows)
             if step.id not in done:
                 await tx.close_async(commit=False)
                 log.info("step %d (%s): stale completion rolled back", step.id, step.kind)

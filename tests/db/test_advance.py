@@ -16,6 +16,7 @@ import pytest
 
 import cyclone
 from cyclone.dbio import batch_sync, fetch_sync
+from cyclone.sql import Q
 from cyclone.transitions import claim_stmt, complete_stmts, parse_claimed, parse_completed
 from tests.helpers import poll_until, scalar
 
@@ -58,7 +59,7 @@ def test_last_parent_to_commit_advances_the_child(
 
         def complete_second() -> None:
             rows = batch_sync(second, complete_stmts([(held["p2"], "2")]), transaction=True)
-            results.append(parse_completed(rows[-1]))
+            results.append(parse_completed(rows))
 
         thread = threading.Thread(target=complete_second)
         thread.start()
@@ -89,7 +90,7 @@ def test_one_batch_completing_both_parents_advances_once(
         rows = batch_sync(
             conn, complete_stmts([(held["p1"], "1"), (held["p2"], "2")]), transaction=True
         )
-    done, finished, woken = parse_completed(rows[-1])
+    done, finished, woken = parse_completed(rows)
     assert done == {held["p1"].id, held["p2"].id} and not finished and woken == {"default"}
     assert (
         scalar(
@@ -108,5 +109,33 @@ def test_one_batch_completing_both_parents_advances_once(
         )
         assert child.bindings == (("p1", "tuple"), ("p2", "tuple"))  # resolved by the worker
         rows = batch_sync(conn, complete_stmts([(child, "3")]), transaction=True)
-    assert parse_completed(rows[-1])[1] == {run_id}
+    assert parse_completed(rows)[1] == {run_id}
     assert scalar(db, "SELECT state FROM cyclone_runs WHERE id = %s", (run_id,)) == "completed"
+
+
+def test_a_batch_mixing_jobs_and_workflow_steps_completes_both(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    run_id, held = _two_parent_run(dsn)
+    with cyclone.SyncClient(dsn) as producer:
+        job = producer.enqueue(parent, None)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (claimed_job,) = parse_claimed(
+            fetch_sync(
+                conn, claim_stmt(queue="default", kinds=["adv_p"], owner="t/3", ttl=60, limit=5)
+            ),
+            "default",
+            "t/3",
+        )
+        items = [(claimed_job, "7"), (held["p1"], "1"), (held["p2"], "2")]
+        stmts = complete_stmts(items)
+        assert [s.sql for s in stmts[1:]] == [Q.steps_complete, Q.steps_complete_dag]
+        done, finished, woken = parse_completed(batch_sync(conn, stmts, transaction=True))
+    assert done == {claimed_job.id, held["p1"].id, held["p2"].id}
+    assert finished == {job.run_id} and woken == {"default"}
+    assert (
+        scalar(
+            db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = 'child'", (run_id,)
+        )
+        == "available"
+    )

@@ -614,7 +614,7 @@ class StepMachine(RuleBasedStateMachine):
             complete_stmts([(replace(c, owner=actor), out) for c, out in items]),
             transaction=True,
         )
-        done, finished, _ = parse_completed(rows[-1])
+        done, finished, _ = parse_completed(rows)
         after = self._snapshot()
         expected = {c.id: out for c, out in items if self.steps[c.id].held_by(actor, c.generation)}
         assert done == set(expected), f"completed {done}, expected {set(expected)}"

@@ -50,6 +50,7 @@ class Queries:
     steps_sequence_release: LiteralString
     steps_heartbeat: LiteralString
     steps_complete: LiteralString
+    steps_complete_dag: LiteralString
     steps_outputs: LiteralString
     steps_release_mismatch: LiteralString
     steps_retry: LiteralString

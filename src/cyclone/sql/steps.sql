@@ -201,23 +201,69 @@ RETURNING id;
 
 
 -- name: steps_complete
--- Complete held steps, each row guarded by its own CAS; advance their runs; finish every
--- run left with no active step. Runs in the transaction that locked those runs
+-- Complete held steps of standalone runs (one step per run), each row guarded by its
+-- own CAS, and finish their runs. Runs in the transaction that locked those runs
 -- (runs_lock), after the handler's completion_tx() writes when there are any.
 -- %(steps)s is a JSON array of [id, lease generation, lease owner, output] (one text
--- parameter for the whole batch); a null output is stored as SQL NULL.
--- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
--- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
--- counting the steps this statement completes (its snapshot does not show them yet).
--- The run row lock taken first makes completions of one run take turns, so the last
--- parent to complete always sees the others. Queues that received work come back in
--- "woken", for the wakeup after COMMIT.
+-- parameter for the whole batch); a null output is stored as SQL NULL. The hot path
+-- of jobs: a run of one step has no dependents to advance (steps_complete_dag does).
 WITH v AS (
     SELECT (e ->> 0)::bigint AS id,
            (e ->> 1)::bigint AS generation,
            e ->> 2 AS owner,
            nullif(e -> 3, 'null'::jsonb) AS output
     FROM jsonb_array_elements(%(steps)s::jsonb) AS e
+), done AS (
+    UPDATE cyclone_steps s
+    SET state = 'completed',
+        output = v.output,
+        completed_at = now(),
+        lease_owner = NULL,
+        lease_expiry = NULL
+    FROM v
+    WHERE s.id = v.id
+      AND s.state = 'running'
+      AND s.lease_owner = v.owner
+      AND s.lease_generation = v.generation
+    RETURNING s.id, s.run_id
+), finished AS (
+    UPDATE cyclone_runs r
+    SET state = 'completed',
+        finished_at = now(),
+        updated_at = now()
+    FROM done
+    WHERE r.id = done.run_id
+      AND r.state = 'running'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_steps o
+          WHERE o.run_id = r.id
+            AND o.id <> done.id
+            AND o.state NOT IN ('completed', 'discarded', 'cancelled'))
+    RETURNING r.id
+)
+SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished, NULL::text[] AS woken
+FROM done
+LEFT JOIN finished ON finished.id = done.run_id;
+
+
+-- name: steps_complete_dag
+-- Complete held steps of workflow runs, each row guarded by its own CAS; advance their
+-- runs; finish every run left with no active step. Same place and parameter shape as
+-- steps_complete (%(dag_steps)s).
+-- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
+-- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
+-- counting the steps this statement completes (its snapshot does not show them yet).
+-- The run row lock taken first makes completions of one run take turns, and READ
+-- COMMITTED gives this statement a snapshot taken after the lock was granted, so the
+-- last parent to complete always sees the others. Queues that received work come back
+-- in "woken", for the wakeup after COMMIT.
+WITH v AS (
+    SELECT (e ->> 0)::bigint AS id,
+           (e ->> 1)::bigint AS generation,
+           e ->> 2 AS owner,
+           nullif(e -> 3, 'null'::jsonb) AS output
+    FROM jsonb_array_elements(%(dag_steps)s::jsonb) AS e
 ), done AS (
     UPDATE cyclone_steps s
     SET state = 'completed',
@@ -242,7 +288,7 @@ WITH v AS (
         WHERE p.run_id = c.run_id
           AND p.node = c.node
           AND ps.state <> 'completed'
-          AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = ps.id))
+          AND ps.id NOT IN (SELECT id FROM done))
 ), advanced AS (
     UPDATE cyclone_steps s
     SET state = 'available'
@@ -256,15 +302,14 @@ WITH v AS (
     SET state = 'completed',
         finished_at = now(),
         updated_at = now()
-    FROM (SELECT DISTINCT run_id FROM done) AS f
-    WHERE r.id = f.run_id
+    WHERE r.id IN (SELECT run_id FROM done)
       AND r.state = 'running'
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_steps o
           WHERE o.run_id = r.id
             AND o.state NOT IN ('completed', 'discarded', 'cancelled')
-            AND NOT EXISTS (SELECT 1 FROM done d WHERE d.id = o.id))
+            AND o.id NOT IN (SELECT id FROM done))
     RETURNING r.id
 )
 SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
