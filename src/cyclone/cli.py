@@ -19,6 +19,7 @@ import psycopg
 
 from cyclone.client import Client
 from cyclone.errors import CycloneError
+from cyclone.handlers import Handler
 from cyclone.migrate import migrate as run_migrate
 
 __all__ = ["load_client", "main"]
@@ -90,8 +91,15 @@ def load_client(app: str) -> Client:
     except ImportError as exc:
         raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
     target = getattr(module, attribute, None)
-    if callable(target) and not isinstance(target, Client):
-        target = target()
+    if callable(target) and not isinstance(target, Client | Handler):
+        try:
+            target = target()
+        except TypeError as exc:  # a function that needs arguments is not a factory
+            raise click.BadParameter(
+                f"{app!r} is not a cyclone.Client nor a function of no arguments returning "
+                f"one: {exc}",
+                param_hint="APP",
+            ) from exc
     if not isinstance(target, Client):
         raise click.BadParameter(f"{app!r} is not a cyclone.Client", param_hint="APP")
     return target

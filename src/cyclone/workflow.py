@@ -203,6 +203,8 @@ class Workflow:
         sources = tuple(self._ref(ref, f"inputs of {where}") for ref in inputs or ())
         if source is not None and sources:
             raise WorkflowError(f"{where}: give input_from or inputs, not both")
+        if assembly != "tuple" and not sources:
+            raise WorkflowError(f"{where}: assembly applies to inputs=[...] only")
         if assembly not in _ASSEMBLIES:
             raise WorkflowError(f"{where}: assembly must be 'tuple' or 'array', got {assembly!r}")
         if on_dep_failure not in _POLICIES:

@@ -57,6 +57,8 @@ def test_worker_refuses_bad_app_paths() -> None:
         ("tests.apps.missing:client", "cannot import 'tests.apps.missing'"),
         ("tests.apps.empty:not_a_client", "is not a cyclone.Client"),
         ("tests.apps.empty:client", "registers no handlers"),
+        ("tests.apps.dag:dag_record", "is not a cyclone.Client"),  # a handler
+        ("tests.apps.dag:build", "nor a function of no arguments"),
     ]:
         result = run_cli("worker", app)
         assert result.returncode != 0, app

@@ -47,6 +47,7 @@ def test_definition_errors_name_the_problem() -> None:
         ({"id": "s", "kind": a, "input_from": x, "inputs": [x]}, "not both"),
         ({"id": "s", "kind": a, "inputs": []}, "non-empty list"),
         ({"id": "s", "kind": a, "inputs": [x], "assembly": "dict"}, "assembly"),
+        ({"id": "s", "kind": a, "input_from": x, "assembly": "array"}, "inputs=[...] only"),
         ({"id": "s", "kind": a, "on_dep_failure": "ignore"}, "on_dep_failure"),
         ({"id": "s", "kind": a, "priority": 2**40}, "priority"),
         ({"id": "s", "kind": a, "queue": "q" * 300}, "queue"),
