@@ -50,7 +50,8 @@ from cyclone.errors import (
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
-from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, seconds
+from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, check_text, seconds
+from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
     EnqueueOptions,
     KindTarget,
@@ -62,6 +63,8 @@ from cyclone.producer import (
 )
 from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
 from cyclone.scanners.sweep import Sweeper
+from cyclone.scanners.waits import WAIT_MARK, WaitScanner
+from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
@@ -218,6 +221,8 @@ class Client:
         self._threads_left: Worker | None = None
         self.sweeper: Sweeper | None = None
         """The recovery sweep, while started with handlers."""
+        self.wait_scanner: WaitScanner | None = None
+        """The timer, signal and deadline scanner, while started with handlers."""
         self._background: list[asyncio.Task[None]] = []
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._opened = False
@@ -248,6 +253,7 @@ class Client:
             kwargs={"autocommit": True},
             open=False,
             name="cyclone-engine",
+            configure=_read_committed_async,
         )
         lease = AsyncConnectionPool(
             engine_conninfo(
@@ -258,6 +264,7 @@ class Client:
             kwargs={"autocommit": True},
             open=False,
             name="cyclone-lease",
+            configure=_read_committed_async,
         )
         return engine, lease
 
@@ -359,6 +366,15 @@ class Client:
         )
         self.sweeper = sweeper
         self._background.append(asyncio.create_task(sweeper.run(), name="cyclone-sweep"))
+        waits = WaitScanner(
+            self._engine_pool,
+            self._publisher,
+            interval=self.poll_interval,
+            wake=self._worker.announce_available,
+        )
+        self.wait_scanner = waits
+        self._worker.on_wait = waits.kick
+        self._background.append(asyncio.create_task(waits.run(), name="cyclone-waits"))
         log.info(
             "client %s started: kinds %s, queues %s",
             self.owner,
@@ -389,11 +405,18 @@ class Client:
             await self._worker.stop()
             self._threads_left = self._worker
             self._worker = None
+        if self.wait_scanner is not None:
+            self.wait_scanner.stop()  # finishes its pass rather than abandon a transaction
+        background = [t for t in self._background if t.get_name() != "cyclone-waits"]
+        waits = [t for t in self._background if t.get_name() == "cyclone-waits"]
+        if waits:
+            await asyncio.wait(waits, timeout=10)
         for task in self._background:
             task.cancel()
-        for task in self._background:
+        for task in [*background, *waits]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self.wait_scanner = None
         self._background.clear()
         if self._listener is not None:
             await self._listener.close()
@@ -643,6 +666,37 @@ class Client:
         result = await run_plan_async(conn, submit_plan(request))
         self.config.track(conn, request.workflow.queues)
         return result
+
+    async def signal(self, run: RunRef, name: str, payload: Any = None) -> bool:
+        """Deliver signal ``name`` with ``payload`` (a JSON value) to a run's mailbox.
+
+        The wait node of the run that declares ``name`` takes it: at once if it is
+        waiting, else when it is reached. The mailbox keeps at most the wait's useful
+        capacity (1, or N for ``wait_n``).
+
+        Returns:
+            True if stored; False beyond the wait's capacity, after the wait completed,
+            or when the run is finished.
+
+        Raises:
+            NotFoundError: no run has that id.
+            ValidationError: no wait node of the run declares ``name``, or a bad payload.
+        """
+        run_id = run_id_of(run)
+        check_text(name, "signal name")
+        encoded = encode_json(PLAIN.encode(payload), f"payload of signal {name!r}")
+        await self._open()
+        async with self._engine_pool.connection() as conn, conn.transaction():
+            stored, settled = await run_plan_async(conn, signal_plan(run_id, name, encoded))
+        assert self._publisher is not None
+        queues = set(settled.woken) - {WAIT_MARK}
+        if queues:
+            self._publisher.available(queues)
+        if WAIT_MARK in settled.woken and self.wait_scanner is not None:
+            self.wait_scanner.kick()
+        if settled.finished:
+            self._publisher.run_done(settled.finished)
+        return stored
 
     # -- inspection and control ----------------------------------------------------
 

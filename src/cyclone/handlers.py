@@ -97,6 +97,8 @@ def _make(
     no_retry: Iterable[type[BaseException]],
 ) -> Callable[[Callable[..., Any]], Handler]:
     check_kind(kind)
+    if kind.startswith("@"):
+        raise ValidationError(f"kind names starting with '@' are the engine's, got {kind!r}")
     options = JobOptions.build(
         queue=queue,
         priority=priority,

@@ -85,6 +85,11 @@ TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
 S = StepState
 STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.PENDING, S.AVAILABLE): "DAG advance: its last parent completed (completion transaction)",
+    (S.PENDING, S.WAITING_TIMER): "DAG advance reached a sleep node (completion transaction)",
+    (S.PENDING, S.WAITING_SIGNAL): "DAG advance reached a signal wait (completion transaction)",
+    (S.WAITING_TIMER, S.COMPLETED): "wait scanner: scheduled_at passed",
+    (S.WAITING_SIGNAL, S.COMPLETED): "signal delivery or wait scanner: the mailbox holds enough",
+    (S.WAITING_SIGNAL, S.DISCARDED): "wait scanner: the wait's timeout passed (signal_timeout)",
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
@@ -112,11 +117,11 @@ RUN_TRANSITIONS: dict[tuple[RunState, RunState], str] = {
         "no active step left: its last step completed (completion transaction) or a "
         "contained discard cancelled the rest (discard transaction)"
     ),
-    (R.RUNNING, R.FAILED): (
-        "a fatal discard, or a contained one that cancelled the result node "
-        "(worker or sweep, under the run row lock)"
-    ),
     (R.RUNNING, R.CANCELLED): "cancel",
+    (R.RUNNING, R.FAILED): (
+        "a fatal discard, or a contained one that lost the result node (worker, sweep or "
+        "wait scanner, under the run row lock); deadline_at passed (wait scanner)"
+    ),
     (R.PAUSED, R.CANCELLED): "cancel",
 }
 """Every legal run move, with the part of the engine that makes it."""

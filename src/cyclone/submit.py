@@ -21,7 +21,7 @@ from cyclone.options import Duration, JobOptions, check_text, micros, seconds
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.records import Submitted
 from cyclone.sql import Q
-from cyclone.workflow import Workflow
+from cyclone.workflow import NodeSpec, Workflow
 
 __all__ = [
     "SUBMIT_OPTIONS",
@@ -95,16 +95,7 @@ def compile_workflow(
     roots: set[str] = set()
     for node_id in order:
         spec = wf.nodes[node_id]
-        handler = spec.handler or registry.get(spec.kind)
-        if handler is None:
-            raise WorkflowError(
-                f"workflow {wf.name!r}: node {node_id!r} runs unknown kind {spec.kind!r} "
-                "(pass the handler, or register the kind with the client)"
-            )
-        try:
-            options: JobOptions = handler.options.override(**spec.overrides)
-        except ValidationError as exc:
-            raise WorkflowError(f"node {node_id!r} of workflow {wf.name!r}: {exc}") from None
+        options = _node_options(wf, spec, registry)
         retention = options.retention if options.retention is not None else default_retention
         edges = spec.deps
         if not edges:
@@ -113,7 +104,7 @@ def compile_workflow(
             {
                 "node": node_id,
                 "kind": spec.kind,
-                "state": "pending" if edges else "available",
+                "state": "pending" if edges else _READY_STATE.get(spec.kind, "available"),
                 "input": None if spec.input is None else json.loads(spec.input),
                 "input_from": spec.input_from,
                 "queue": options.queue,
@@ -122,6 +113,10 @@ def compile_workflow(
                 "timeout_us": micros(options.timeout),
                 "retention_us": micros(retention),
                 "on_dep_failure": spec.on_dep_failure,
+                "wait_for_us": micros(spec.wait_for),
+                "signal_name": spec.signal_name,
+                "signal_names": list(spec.signal_names) if spec.signal_names else None,
+                "wait_count": spec.wait_count,
             }
         )
         deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())
@@ -146,6 +141,25 @@ def compile_workflow(
         queues=frozenset(roots),
         all_queues=frozenset(node["queue"] for node in nodes),
     )
+
+
+_READY_STATE = {"@sleep": "waiting_timer", "@signal": "waiting_signal"}
+"""The state a wait node enters when it is reached (a handler node: available)."""
+
+
+def _node_options(wf: Workflow, spec: NodeSpec, registry: Mapping[str, Handler]) -> JobOptions:
+    if spec.kind in _READY_STATE:
+        return JobOptions()
+    handler = spec.handler or registry.get(spec.kind)
+    if handler is None:
+        raise WorkflowError(
+            f"workflow {wf.name!r}: node {spec.id!r} runs unknown kind {spec.kind!r} "
+            "(pass the handler, or register the kind with the client)"
+        )
+    try:
+        return handler.options.override(**spec.overrides)
+    except ValidationError as exc:
+        raise WorkflowError(f"node {spec.id!r} of workflow {wf.name!r}: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)

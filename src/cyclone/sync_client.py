@@ -30,7 +30,8 @@ from cyclone.notify import (
     runs_in_payload,
     wakeup_statement,
 )
-from cyclone.options import HOUR, Duration, seconds
+from cyclone.options import HOUR, Duration, check_text, seconds
+from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
     EnqueueOptions,
     KindTarget,
@@ -41,6 +42,8 @@ from cyclone.producer import (
     enqueued_from_rows,
 )
 from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
+from cyclone.scanners.waits import WAIT_MARK
+from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
@@ -105,6 +108,7 @@ class SyncClient:
                 kwargs={"autocommit": True},
                 open=False,
                 name="cyclone-sync",
+                configure=_read_committed,
             )
             self._own_pool = True
         else:
@@ -297,6 +301,30 @@ class SyncClient:
         self.config.track(conn, request.workflow.queues)
         return result
 
+    def signal(self, run: RunRef, name: str, payload: Any = None) -> bool:
+        """Deliver a signal to a run's mailbox (see ``Client.signal``).
+
+        Returns:
+            True if stored; False beyond the wait's capacity, after the wait completed,
+            or when the run is finished.
+
+        Raises:
+            NotFoundError: no run has that id.
+            ValidationError: no wait node of the run declares ``name``, or a bad payload.
+        """
+        run_id = run_id_of(run)
+        check_text(name, "signal name")
+        encoded = encode_json(PLAIN.encode(payload), f"payload of signal {name!r}")
+        with self._connection() as conn:
+            if not conn.autocommit:
+                conn.commit()
+            with conn.transaction():
+                stored, settled = run_plan_sync(conn, signal_plan(run_id, name, encoded))
+            queues = set(settled.woken) - {WAIT_MARK}
+            if queues or settled.finished:
+                self._publish(conn, queues, settled.finished)
+        return stored
+
     def track_wakeups(self, conn: psycopg.Connection[Any]) -> WakeupTracker:
         """Record the queues of ``*_tx`` work on ``conn`` (see ``Client.track_wakeups``)."""
         return self.config.tracker_for(conn)
@@ -417,3 +445,8 @@ class SyncClient:
         finally:
             if listen is not None:
                 listen.close()
+
+
+def _read_committed(conn: psycopg.Connection[Any]) -> None:
+    """Transactions of this client run READ COMMITTED whatever the server's default."""
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

@@ -39,6 +39,7 @@ from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
+from cyclone.scanners.waits import WAIT_MARK
 from cyclone.sql import Q
 from cyclone.transitions import (
     FAILURE_CAS,
@@ -117,8 +118,11 @@ class Worker:
         build_request: Callable[..., EnqueueRequest],
         build_submit: Callable[..., Any] | None = None,
         workflows: Mapping[str, list[str]] | None = None,
+        on_wait: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.on_wait = on_wait
+        """Called when an advance reached a signal wait (the client kicks its scanner)."""
         self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self.outputs = OutputCache()
@@ -616,10 +620,24 @@ class Worker:
             self._publisher.run_done((held.step.run_id,))
 
     def _woken(self, queues: set[str]) -> None:
-        """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere."""
+        """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere.
+
+        ``WAIT_MARK`` among them means a signal wait was reached: the wait scanner looks
+        at once for signals that came before it.
+        """
+        if WAIT_MARK in queues:
+            queues = queues - {WAIT_MARK}
+            if self.on_wait is not None:
+                self.on_wait()
+        if not queues:
+            return
         for queue in queues:
             self.wake(queue)
         self._publisher.available(queues)
+
+    def announce_available(self, queues: set[str]) -> None:
+        """Work became claimable in ``queues`` (wake local loops, NOTIFY the others)."""
+        self._woken(queues)
 
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from cyclone.errors import ValidationError, WorkflowError
 from cyclone.handlers import Handler
-from cyclone.options import Duration, JobOptions, check_text
+from cyclone.options import CENTURY, Duration, JobOptions, check_text, seconds
 from cyclone.payloads import PLAIN, encode_json
 
 __all__ = ["Assembly", "DepPolicy", "Node", "NodeSpec", "Workflow"]
@@ -83,6 +83,10 @@ class NodeSpec:
     input: str | None
     overrides: Mapping[str, Any]
     on_dep_failure: DepPolicy
+    wait_for: float | None = None
+    signal_name: str | None = None
+    signal_names: tuple[str, ...] | None = None
+    wait_count: int | None = None
 
     @property
     def deps(self) -> dict[str, str]:
@@ -176,23 +180,16 @@ class Workflow:
             WorkflowError: a duplicate id, a self-edge, a bad option, or both
                 ``input_from`` and ``inputs``. Nothing is declared then.
         """
-        node_id = _check_id(id, "node id")
-        if "[" in node_id or "]" in node_id:
-            raise WorkflowError(f"node id {node_id!r} may not contain '[' or ']'")
-        if node_id in self._nodes:
-            raise WorkflowError(f"workflow {self.name!r}: duplicate node id {node_id!r}")
-        where = f"node {node_id!r} of workflow {self.name!r}"
+        node_id, where = self._new_id(id)
         if isinstance(kind, Handler):
             kind_name, handler = kind.kind, kind
         elif isinstance(kind, str):
             kind_name, handler = _check_id(kind, f"kind of {where}"), None
+            if kind_name.startswith("@"):
+                raise WorkflowError(f"{where}: kind names starting with '@' are the engine's")
         else:
             raise WorkflowError(f"{where}: kind must be a handler or a kind name, got {kind!r}")
-        if isinstance(after, str | Node):
-            after = [after]
-        if not isinstance(after, Iterable):
-            raise WorkflowError(f"{where}: after must be a list of nodes, got {after!r}")
-        after_ids = tuple(dict.fromkeys(self._ref(ref, f"after of {where}") for ref in after))
+        after_ids = self._after(after, where)
         source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
         if inputs is not None and (
             isinstance(inputs, str | Node) or not isinstance(inputs, Sequence) or not inputs
@@ -237,23 +234,171 @@ class Workflow:
             JobOptions().override(**overrides)
         except ValidationError as exc:
             raise WorkflowError(f"{where}: {exc}") from None
+        return self._add(
+            NodeSpec(
+                id=node_id,
+                kind=kind_name,
+                handler=handler,
+                after=after_ids,
+                input_from=source,
+                inputs=sources,
+                assembly=assembly,
+                input=constant,
+                overrides=overrides,
+                on_dep_failure=on_dep_failure,
+            )
+        )
+
+    def sleep(self, id: str, duration: Duration, *, after: Iterable[NodeRef] = ()) -> Node:
+        """Declare a durable timer: the node waits ``duration`` (``timedelta`` or seconds)
+        from the moment it is reached (state ``waiting_timer``), then completes with no
+        output. The wait scanner completes it by the database clock, across restarts.
+
+        Raises:
+            WorkflowError: a duplicate id or a bad duration.
+        """
+        node_id, where = self._new_id(id)
+        wait = _duration(duration, f"duration of {where}", required=True)
+        return self._wait(node_id, where, "@sleep", after, wait_for=wait)
+
+    def wait_signal(
+        self,
+        id: str,
+        name: str | None = None,
+        *,
+        timeout: Duration | None = None,
+        after: Iterable[NodeRef] = (),
+    ) -> Node:
+        """Declare a wait for one signal ``name`` (default: the node id). Its output is
+        the signal's payload. Past ``timeout`` (seconds or ``timedelta`` from the moment
+        the wait is reached) the node is discarded with ``error_kind = 'signal_timeout'``.
+
+        Raises:
+            WorkflowError: a duplicate id or signal name, or a bad timeout.
+        """
+        node_id, where = self._new_id(id)
+        signal = _check_id(name if name is not None else node_id, f"signal name of {where}")
+        return self._wait(
+            node_id,
+            where,
+            "@signal",
+            after,
+            wait_for=_duration(timeout, f"timeout of {where}"),
+            signal_name=signal,
+        )
+
+    def wait_n(
+        self,
+        id: str,
+        name: str,
+        n: int,
+        *,
+        timeout: Duration | None = None,
+        after: Iterable[NodeRef] = (),
+    ) -> Node:
+        """Declare a wait for ``n`` signals ``name``; its output is the list of their
+        payloads in arrival order. See :meth:`wait_signal` for ``timeout``.
+
+        Raises:
+            WorkflowError: a duplicate id or signal name, a bad ``n`` or timeout.
+        """
+        node_id, where = self._new_id(id)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 10_000:
+            raise WorkflowError(f"{where}: n must be an int from 1 to 10000, got {n!r}")
+        return self._wait(
+            node_id,
+            where,
+            "@signal",
+            after,
+            wait_for=_duration(timeout, f"timeout of {where}"),
+            signal_name=_check_id(name, f"signal name of {where}"),
+            wait_count=n,
+        )
+
+    def wait_any(
+        self,
+        id: str,
+        names: Sequence[str],
+        *,
+        timeout: Duration | None = None,
+        after: Iterable[NodeRef] = (),
+    ) -> Node:
+        """Declare a wait for the first signal among ``names``; its output is
+        ``{"name": ..., "payload": ...}``. See :meth:`wait_signal` for ``timeout``.
+
+        Raises:
+            WorkflowError: a duplicate id or signal name, no names, or a bad timeout.
+        """
+        node_id, where = self._new_id(id)
+        if isinstance(names, str) or not isinstance(names, Sequence) or not names:
+            raise WorkflowError(f"{where}: names must be a non-empty list, got {names!r}")
+        checked = tuple(_check_id(n, f"signal name of {where}") for n in names)
+        if len(set(checked)) < len(checked):
+            raise WorkflowError(f"{where}: names {list(checked)} repeat a name")
+        return self._wait(
+            node_id,
+            where,
+            "@signal",
+            after,
+            wait_for=_duration(timeout, f"timeout of {where}"),
+            signal_names=checked,
+        )
+
+    def _new_id(self, id: Any) -> tuple[str, str]:
+        node_id = _check_id(id, "node id")
+        if "[" in node_id or "]" in node_id:
+            raise WorkflowError(f"node id {node_id!r} may not contain '[' or ']'")
+        if node_id in self._nodes:
+            raise WorkflowError(f"workflow {self.name!r}: duplicate node id {node_id!r}")
+        return node_id, f"node {node_id!r} of workflow {self.name!r}"
+
+    def _after(self, after: Any, where: str) -> tuple[str, ...]:
+        if isinstance(after, str | Node):
+            after = [after]
+        if not isinstance(after, Iterable):
+            raise WorkflowError(f"{where}: after must be a list of nodes, got {after!r}")
+        return tuple(dict.fromkeys(self._ref(ref, f"after of {where}") for ref in after))
+
+    def _wait(self, node_id: str, where: str, kind: str, after: Any, **wait: Any) -> Node:
+        after_ids = self._after(after, where)
+        if node_id in after_ids:
+            raise WorkflowError(f"{where} depends on itself")
+        names = [wait.get("signal_name")] if wait.get("signal_name") else []
+        names += list(wait.get("signal_names") or ())
+        taken = {n for spec in self._nodes.values() for n in _signals(spec)}
+        for name in names:
+            if name in taken:
+                raise WorkflowError(
+                    f"{where}: signal name {name!r} is already waited for by another node "
+                    "(signal names are unique per workflow)"
+                )
+        return self._add(
+            NodeSpec(
+                id=node_id,
+                kind=kind,
+                handler=None,
+                after=after_ids,
+                input_from=None,
+                inputs=(),
+                assembly="tuple",
+                input=None,
+                overrides={},
+                on_dep_failure="fail_run",
+                **wait,
+            )
+        )
+
+    def _add(self, spec: NodeSpec) -> Node:
         if len(self._nodes) >= _MAX_NODES:
             raise WorkflowError(f"workflow {self.name!r} has more than {_MAX_NODES} nodes")
-        self._nodes[node_id] = NodeSpec(
-            id=node_id,
-            kind=kind_name,
-            handler=handler,
-            after=after_ids,
-            input_from=source,
-            inputs=sources,
-            assembly=assembly,
-            input=constant,
-            overrides=overrides,
-            on_dep_failure=on_dep_failure,
-        )
+        self._nodes[spec.id] = spec
         self._fingerprint = self._order = None
         self.revision += 1
-        return Node(node_id, self.name)
+        return Node(spec.id, self.name)
+
+    def signal_names(self) -> set[str]:
+        """Every signal name a wait node of this workflow declares."""
+        return {n for spec in self._nodes.values() for n in _signals(spec)}
 
     def result(self, node: NodeRef) -> None:
         """Make ``node``'s output the run result (``cyclone_runs.result_node``).
@@ -348,6 +493,7 @@ class Workflow:
                         spec.input_from,
                         list(spec.inputs),
                         spec.assembly if spec.inputs else None,
+                        *_wait_shape(spec),
                     ]
                     for spec in sorted(self._nodes.values(), key=lambda s: s.id)
                 ],
@@ -363,6 +509,28 @@ class Workflow:
             if found.get(spec.kind) is None:
                 found[spec.kind] = spec.handler
         return found
+
+
+def _signals(spec: NodeSpec) -> list[str]:
+    return ([spec.signal_name] if spec.signal_name else []) + list(spec.signal_names or ())
+
+
+def _wait_shape(spec: NodeSpec) -> list[Any]:
+    """The fingerprinted shape of a wait node (nothing for a handler node)."""
+    if not spec.kind.startswith("@"):
+        return []
+    return [spec.wait_for, spec.signal_name, list(spec.signal_names or ()), spec.wait_count]
+
+
+def _duration(value: Any, what: str, *, required: bool = False) -> float | None:
+    if value is None:
+        if required:
+            raise WorkflowError(f"{what} is required")
+        return None
+    try:
+        return seconds(value, what, minimum=0.000001, maximum=CENTURY)
+    except ValidationError as exc:
+        raise WorkflowError(str(exc)) from None
 
 
 def _check_id(value: Any, what: str) -> str:

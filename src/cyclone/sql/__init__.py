@@ -16,7 +16,7 @@ from typing import LiteralString
 __all__ = ["Q", "Queries", "load_blocks"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_FILES = ("steps.sql", "runs.sql", "notify.sql", "migrate.sql")
+_FILES = ("steps.sql", "runs.sql", "signals.sql", "notify.sql", "migrate.sql")
 
 
 def load_blocks(text: str) -> dict[str, str]:
@@ -60,14 +60,25 @@ class Queries:
     steps_reclaim: LiteralString
     steps_reclaim_discard: LiteralString
     steps_list: LiteralString
+    steps_timers_due: LiteralString
+    steps_signal_timeouts_due: LiteralString
+    steps_discard_wait: LiteralString
     # runs.sql
     runs_lock: LiteralString
     runs_resolve_discard: LiteralString
     runs_submit: LiteralString
     runs_find_submit_key: LiteralString
+    runs_fail_deadline: LiteralString
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString
+    # signals.sql
+    signals_run_lock: LiteralString
+    signals_waits: LiteralString
+    signals_unconsumed: LiteralString
+    signals_insert: LiteralString
+    signals_consume: LiteralString
+    signals_ready_runs: LiteralString
     # notify.sql
     notify_publish: LiteralString
     notify_available: LiteralString

@@ -123,17 +123,25 @@ WITH run AS (
 ), steps AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
-        timeout, retention, on_dep_failure)
+        timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
+        scheduled_at)
     SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
            n.max_attempts, n.timeout_us * interval '1 microsecond',
-           n.retention_us * interval '1 microsecond', n.on_dep_failure
+           n.retention_us * interval '1 microsecond', n.on_dep_failure,
+           n.wait_for_us * interval '1 microsecond', n.signal_name, n.signal_names,
+           n.wait_count,
+           CASE WHEN n.state IN ('waiting_timer', 'waiting_signal')
+                THEN now() + coalesce(n.wait_for_us, 0) * interval '1 microsecond'
+                ELSE now() END
     FROM run,
          ROWS FROM (jsonb_to_recordset(%(nodes)s::jsonb) AS (
              node text, kind text, state text, input jsonb, input_from text, queue text,
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
-             on_dep_failure text)) WITH ORDINALITY AS n (
+             on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
+             wait_count integer)) WITH ORDINALITY AS n (
              node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
-             retention_us, on_dep_failure, ord)
+             retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
+             ord)
     ORDER BY n.ord
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
@@ -197,7 +205,9 @@ SELECT r.id, r.workflow, r.state, r.def_version, r.input,
               AND s.error_kind = 'result_node_cancelled'),
            (SELECT s.error FROM cyclone_steps s
             WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
+            ORDER BY s.completed_at, s.id LIMIT 1),
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r
@@ -217,7 +227,9 @@ SELECT r.id, r.workflow, r.state, r.def_version, r.input,
               AND s.error_kind = 'result_node_cancelled'),
            (SELECT s.error FROM cyclone_steps s
             WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
+            ORDER BY s.completed_at, s.id LIMIT 1),
+           (SELECT s.error FROM cyclone_steps s
+            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r
@@ -226,3 +238,43 @@ WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
   AND (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
 ORDER BY r.id DESC
 LIMIT %(limit)s;
+
+
+-- name: runs_fail_deadline
+-- The deadline scanner: runs still running past deadline_at (idx_runs_deadline), locked
+-- with SKIP LOCKED so scanners in many clients share the work, become failed; a second
+-- UPDATE cancels their active steps with error_kind 'deadline'. A step still in its
+-- handler learns of it at its next heartbeat.
+WITH due AS (
+    SELECT id
+    FROM cyclone_runs
+    WHERE state = 'running'
+      AND deadline_at IS NOT NULL
+      AND deadline_at <= now()
+    ORDER BY deadline_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE cyclone_runs r
+    SET state = 'failed',
+        finished_at = now(),
+        updated_at = now()
+    FROM due
+    WHERE r.id = due.id
+      AND r.state = 'running'
+    RETURNING r.id
+), cancelled AS (
+    UPDATE cyclone_steps s
+    SET state = 'cancelled',
+        completed_at = now(),
+        lease_owner = NULL,
+        lease_expiry = NULL,
+        error = 'run deadline passed',
+        error_kind = 'deadline'
+    FROM failed
+    WHERE s.run_id = failed.id
+      AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+    RETURNING s.id
+)
+SELECT failed.id, (SELECT count(*) FROM cancelled) AS steps_cancelled
+FROM failed;

@@ -250,7 +250,10 @@ LEFT JOIN finished ON finished.id = done.run_id;
 -- name: steps_complete_dag
 -- Complete held steps of workflow runs, each row guarded by its own CAS; advance their
 -- runs; finish every run left with no active step. Same place and parameter shape as
--- steps_complete (%(dag_steps)s).
+-- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
+-- the wait scanner or a signal: the waiting state its CAS expects (owner and
+-- generation are null then). A wait node that is reached enters its waiting state
+-- (waiting_timer, waiting_signal) with scheduled_at = now() + wait_for.
 -- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
 -- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
 -- counting the steps this statement completes (its snapshot does not show them yet).
@@ -262,7 +265,8 @@ WITH v AS (
     SELECT (e ->> 0)::bigint AS id,
            (e ->> 1)::bigint AS generation,
            e ->> 2 AS owner,
-           nullif(e -> 3, 'null'::jsonb) AS output
+           nullif(e -> 3, 'null'::jsonb) AS output,
+           e ->> 4 AS waiting
     FROM jsonb_array_elements(%(dag_steps)s::jsonb) AS e
 ), done AS (
     UPDATE cyclone_steps s
@@ -273,9 +277,11 @@ WITH v AS (
         lease_expiry = NULL
     FROM v
     WHERE s.id = v.id
-      AND s.state = 'running'
-      AND s.lease_owner = v.owner
-      AND s.lease_generation = v.generation
+      AND ((v.waiting IS NULL
+            AND s.state = 'running'
+            AND s.lease_owner = v.owner
+            AND s.lease_generation = v.generation)
+           OR (v.waiting IS NOT NULL AND s.state = v.waiting))
     RETURNING s.id, s.run_id, s.node
 ), ready AS (
     SELECT DISTINCT c.run_id, c.node
@@ -291,12 +297,17 @@ WITH v AS (
           AND ps.id NOT IN (SELECT id FROM done))
 ), advanced AS (
     UPDATE cyclone_steps s
-    SET state = 'available'
+    SET state = CASE s.kind
+            WHEN '@sleep' THEN 'waiting_timer'
+            WHEN '@signal' THEN 'waiting_signal'
+            ELSE 'available' END,
+        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal')
+            THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
     FROM ready
     WHERE s.run_id = ready.run_id
       AND s.node = ready.node
       AND s.state = 'pending'
-    RETURNING s.queue
+    RETURNING s.queue, s.kind
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
@@ -313,7 +324,8 @@ WITH v AS (
     RETURNING r.id
 )
 SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
-       (SELECT array_agg(DISTINCT queue) FROM advanced) AS woken
+       (SELECT array_agg(DISTINCT CASE WHEN kind = '@signal' THEN '@signal' ELSE queue END)
+        FROM advanced WHERE kind <> '@sleep') AS woken
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
 
@@ -479,3 +491,49 @@ FROM cyclone_steps s
 JOIN cyclone_runs r ON r.id = s.run_id
 WHERE s.run_id = %(run_id)s
 ORDER BY s.id;
+
+
+-- name: steps_timers_due
+-- The wait scanner's timers: lock the runs of due timer steps (idx_steps_timer), skipping
+-- runs another transaction holds; the steps come back to be completed in this
+-- transaction (steps_complete_dag, CAS on waiting_timer).
+SELECT s.id, s.run_id
+FROM cyclone_runs r
+JOIN cyclone_steps s ON s.run_id = r.id
+WHERE s.id IN (
+    SELECT t.id FROM cyclone_steps t
+    WHERE t.state = 'waiting_timer' AND t.scheduled_at <= now()
+    ORDER BY t.scheduled_at
+    LIMIT %(limit)s)
+ORDER BY r.id
+FOR UPDATE OF r SKIP LOCKED;
+
+
+-- name: steps_signal_timeouts_due
+-- The wait scanner's signal timeouts: lock the runs of signal waits past their timeout
+-- (idx_steps_signal_timeout), skipping runs another transaction holds.
+SELECT s.id, s.run_id, s.node, extract(epoch FROM s.wait_for)::float8
+FROM cyclone_runs r
+JOIN cyclone_steps s ON s.run_id = r.id
+WHERE s.id IN (
+    SELECT t.id FROM cyclone_steps t
+    WHERE t.state = 'waiting_signal' AND t.wait_for IS NOT NULL AND t.scheduled_at <= now()
+    ORDER BY t.scheduled_at
+    LIMIT %(limit)s)
+ORDER BY r.id
+FOR UPDATE OF r SKIP LOCKED;
+
+
+-- name: steps_discard_wait
+-- A signal wait that timed out is discarded (CAS on waiting_signal and the timeout
+-- having passed); runs_resolve_discard follows in the same transaction.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    error = %(error)s,
+    error_kind = 'signal_timeout',
+    completed_at = now()
+WHERE id = %(id)s
+  AND state = 'waiting_signal'
+  AND wait_for IS NOT NULL
+  AND scheduled_at <= now()
+RETURNING id;

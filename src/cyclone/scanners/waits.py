@@ -1,0 +1,164 @@
+"""The wait scanner: timers, signal waits, and run deadlines.
+
+engine-design and schema-reference, the wait indexes; decisions.md, Waits. Every pass,
+in its own short transactions, with ``FOR UPDATE SKIP LOCKED`` on the run rows (so the
+scanners of any number of clients share the work and never block each other) and a CAS
+on every step it changes:
+
+* due timers (``waiting_timer`` past ``scheduled_at``, idx_steps_timer) complete, and
+  their runs advance;
+* signal waits past their timeout (idx_steps_signal_timeout) are discarded with
+  ``error_kind = 'signal_timeout'`` and their runs resolved as for any discard;
+* signal waits whose mailbox already holds their signals (sent before the wait was
+  reached) complete with them;
+* runs past ``deadline_at`` (idx_runs_deadline) fail, their active steps cancelled.
+
+The scanner runs every ``interval`` seconds, and at once when kicked (a worker saw a
+signal wait reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import Stmt, fetch_async, run_plan_async
+from cyclone.notify import Publisher
+from cyclone.signals import settle_plan
+from cyclone.sql import Q
+from cyclone.transitions import parse_completed
+
+__all__ = ["WAIT_MARK", "ScanResult", "WaitScanner"]
+
+log = logging.getLogger("cyclone.waits")
+
+WAIT_MARK = "@signal"
+"""What an advance reports among its woken queues when it reached a signal wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    """What one pass did."""
+
+    timers: int = 0
+    timeouts: int = 0
+    signalled: int = 0
+    deadlines: int = 0
+
+
+class WaitScanner:
+    """Completes timers and satisfied signal waits, times out waits, enforces deadlines."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        publisher: Publisher,
+        *,
+        interval: float,
+        wake: Callable[[set[str]], None],
+        batch: int = 200,
+    ) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self._wake = wake
+        self.interval = interval
+        self._batch = batch
+        self._kick = asyncio.Event()
+        self._stopping = False
+
+    def kick(self) -> None:
+        """Scan now rather than at the next interval."""
+        self._kick.set()
+
+    def stop(self) -> None:
+        """Let :meth:`run` return after the pass in progress (never cut a transaction)."""
+        self._stopping = True
+        self._kick.set()
+
+    async def run(self) -> None:
+        """Scan until stopped; an error is logged and the next pass comes on schedule."""
+        while not self._stopping:
+            self._kick.clear()
+            try:
+                await self.scan_once()
+            except Exception as exc:
+                log.warning("wait scan failed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._kick.wait()
+
+    async def scan_once(self) -> ScanResult:
+        """One pass of each kind of work; returns what it changed."""
+        return ScanResult(
+            timers=await self._timers(),
+            timeouts=await self._timeouts(),
+            signalled=await self._signals(),
+            deadlines=await self._deadlines(),
+        )
+
+    def _announce(
+        self, finished: set[int] | frozenset[int], woken: set[str] | frozenset[str]
+    ) -> None:
+        queues = set(woken)
+        if WAIT_MARK in queues:
+            queues.discard(WAIT_MARK)
+            self.kick()
+        if queues:
+            self._wake(queues)
+        if finished:
+            self._publisher.run_done(finished)
+
+    async def _timers(self) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            due = await fetch_async(conn, Stmt(Q.steps_timers_due, {"limit": self._batch}))
+            if not due:
+                return 0
+            items = ",".join(f'[{step_id},null,null,null,"waiting_timer"]' for step_id, _ in due)
+            done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": f"[{items}]"}))
+        completed, finished, woken = parse_completed([[], done])
+        self._announce(finished, woken)
+        return len(completed)
+
+    async def _timeouts(self) -> int:
+        count = 0
+        finished: set[int] = set()
+        async with self._pool.connection() as conn, conn.transaction():
+            due = await fetch_async(conn, Stmt(Q.steps_signal_timeouts_due, {"limit": self._batch}))
+            for step_id, run_id, node, wait_for in due:
+                error = f"signal wait {node!r} timed out after {wait_for:g} s"
+                if not await fetch_async(
+                    conn, Stmt(Q.steps_discard_wait, {"id": step_id, "error": error})
+                ):
+                    continue
+                count += 1
+                log.info("step %d of run %d: %s", step_id, run_id, error)
+                outcome = await fetch_async(
+                    conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
+                )
+                if outcome and (outcome[0][0] or outcome[0][1]):
+                    finished.add(run_id)
+        self._announce(finished, set())
+        return count
+
+    async def _signals(self) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            runs = await fetch_async(conn, Stmt(Q.signals_ready_runs, {"limit": self._batch}))
+            if not runs:
+                return 0
+            settled = await run_plan_async(conn, settle_plan([row[0] for row in runs]))
+        self._announce(settled.finished, settled.woken)
+        return settled.completed
+
+    async def _deadlines(self) -> int:
+        async with self._pool.connection() as conn, conn.transaction():
+            failed = await fetch_async(conn, Stmt(Q.runs_fail_deadline, {"limit": self._batch}))
+        if failed:
+            log.warning("runs %s failed: deadline passed", [row[0] for row in failed])
+            self._announce({row[0] for row in failed}, set())
+        return len(failed)

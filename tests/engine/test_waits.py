@@ -1,0 +1,184 @@
+"""Timers, signals and run deadlines (issue: dynamic parts of a run).
+
+Time passes by the database clock: tests move ``scheduled_at`` / ``deadline_at`` into
+the past instead of sleeping.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import cyclone
+from cyclone import RunState, StepState
+from tests.helpers import apoll_until, scalar
+
+
+@cyclone.step("w_echo")
+async def echo(ctx: cyclone.Context, inp: Any) -> Any:
+    return inp
+
+
+def client(dsn: str, *workflows: cyclone.Workflow, **options: Any) -> cyclone.Client:
+    options.setdefault("poll_interval", 0.1)
+    options.setdefault("lease_ttl", 3)
+    return cyclone.Client(dsn, workflows=workflows, handlers=[echo], **options)
+
+
+def _state(db: psycopg.Connection[Any], run_id: int, node: str) -> str:
+    return scalar(
+        db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = %s", (run_id, node)
+    )
+
+
+async def test_timer_completes_by_the_database_clock_also_after_a_restart(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = cyclone.Workflow("timed")
+    first = wf.node("first", echo)
+    nap = wf.sleep("nap", timedelta(hours=1), after=[first])
+    last = wf.node("last", echo, after=[nap])
+    wf.result(last)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, "in")
+        await apoll_until(
+            lambda: _is(db, sub.run_id, "nap", "waiting_timer"), what="the timer to start"
+        )
+        due = scalar(
+            db,
+            "SELECT scheduled_at - now() FROM cyclone_steps WHERE run_id = %s AND node = 'nap'",
+            (sub.run_id,),
+        )
+        assert timedelta(minutes=59) < due <= timedelta(hours=1)
+    # the client stopped (a restart); an hour passes on the database clock
+    db.execute(
+        "UPDATE cyclone_steps SET scheduled_at = now() - interval '1 second'"
+        " WHERE run_id = %s AND node = 'nap'",
+        (sub.run_id,),
+    )
+    async with client(dsn, wf) as c:
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.COMPLETED and run.result == "in"
+    assert steps["nap"].state == StepState.COMPLETED and steps["nap"].output is None
+
+
+async def _is(db: psycopg.Connection[Any], run_id: int, node: str, state: str) -> bool:
+    return _state(db, run_id, node) == state
+
+
+def signal_workflow() -> cyclone.Workflow:
+    wf = cyclone.Workflow("signals")
+    start = wf.node("start", echo)
+    approve = wf.wait_signal("approve", after=[start])
+    votes = wf.wait_n("votes", "vote", 2, after=[start])
+    choice = wf.wait_any("choice", ["left", "right"], after=[start])
+    done = wf.node("done", echo, inputs=[approve, votes, choice])
+    wf.result(done)
+    return wf
+
+
+async def test_signals_before_and_after_the_wait_capacity_and_outputs(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = signal_workflow()
+    with cyclone.SyncClient(dsn) as producer:
+        sub = producer.submit(wf, None)
+        # before any wait is reached (no worker yet): kept in the mailbox
+        assert producer.signal(sub, "approve", {"by": "ann"})
+        assert not producer.signal(sub, "approve", {"by": "bob"})  # capacity 1
+        assert producer.signal(sub, "vote", 1)
+        with pytest.raises(cyclone.ValidationError, match="no wait for signal 'nope'"):
+            producer.signal(sub, "nope", 0)
+        with pytest.raises(cyclone.NotFoundError):
+            producer.signal(10**9, "approve", 0)
+    async with client(dsn, wf) as c:
+        await apoll_until(
+            lambda: _is(db, sub.run_id, "approve", "completed"),
+            what="the early signal to be consumed when the wait is reached",
+        )
+        await apoll_until(lambda: _is(db, sub.run_id, "choice", "waiting_signal"), what="choice")
+        assert await c.signal(sub, "vote", 2)  # after the wait was reached: completes it
+        assert not await c.signal(sub, "vote", 3)  # a third vote: the wait is complete
+        assert await c.signal(sub, "right", "R")
+        assert not await c.signal(sub, "left", "L")  # wait_any took the first
+        run = await c.wait(sub, timeout=30)
+        assert not await c.signal(sub, "approve", "late")  # a finished run stores nothing
+    assert run.state == RunState.COMPLETED
+    assert run.result == [{"by": "ann"}, [1, 2], {"name": "right", "payload": "R"}]
+    rows = db.execute(
+        "SELECT name, payload, consumed_by IS NOT NULL, consumed_at IS NOT NULL"
+        " FROM cyclone_signals WHERE run_id = %s ORDER BY id",
+        (sub.run_id,),
+    ).fetchall()
+    assert rows == [
+        ("approve", {"by": "ann"}, True, True),
+        ("vote", 1, True, True),
+        ("vote", 2, True, True),
+        ("right", "R", True, True),
+    ]
+    consumed_by = [
+        r[0]
+        for r in db.execute(
+            "SELECT consumed_by FROM cyclone_signals WHERE run_id = %s ORDER BY id", (sub.run_id,)
+        )
+    ]
+    assert consumed_by == ["approve", "votes", "votes", "choice"]
+
+
+async def test_signal_timeout_fails_the_wait(dsn: str, db: psycopg.Connection[Any]) -> None:
+    wf = cyclone.Workflow("impatient")
+    wf.wait_signal("approve", timeout=timedelta(days=2))
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, None)
+        await apoll_until(lambda: _is(db, sub.run_id, "approve", "waiting_signal"), what="wait")
+        db.execute(
+            "UPDATE cyclone_steps SET scheduled_at = now() - interval '1 second' WHERE run_id = %s",
+            (sub.run_id,),
+        )
+        run = await c.wait(sub, timeout=30)
+        (step,) = await c.list_steps(sub)
+        assert not await c.signal(sub, "approve", 1)
+    assert run.state == RunState.FAILED
+    assert step.state == StepState.DISCARDED and step.error_kind == "signal_timeout"
+    assert run.error == "signal wait 'approve' timed out after 172800 s"
+
+
+async def test_run_past_its_deadline_fails(dsn: str, db: psycopg.Connection[Any]) -> None:
+    wf = cyclone.Workflow("deadlined")
+    wf.wait_signal("never")
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, None, deadline=timedelta(hours=1))
+        await apoll_until(lambda: _is(db, sub.run_id, "never", "waiting_signal"), what="wait")
+        db.execute(
+            "UPDATE cyclone_runs SET deadline_at = now() - interval '1 second' WHERE id = %s",
+            (sub.run_id,),
+        )
+        run = await c.wait(sub, timeout=30)
+        (step,) = await c.list_steps(sub)
+    assert run.state == RunState.FAILED and run.error == "run deadline passed"
+    assert step.state == StepState.CANCELLED and step.error_kind == "deadline"
+
+
+def test_wait_definitions_are_validated() -> None:
+    wf = cyclone.Workflow("bad_waits")
+    wf.wait_signal("a")
+    cases: list[tuple[Any, str]] = [
+        (lambda: wf.wait_signal("b", "a"), "signal name 'a' is already waited for"),
+        (lambda: wf.wait_any("c", ["x", "a"]), "signal name 'a' is already waited for"),
+        (lambda: wf.wait_any("c", []), "non-empty list"),
+        (lambda: wf.wait_any("c", ["x", "x"]), "repeat a name"),
+        (lambda: wf.wait_n("c", "v", 0), "n must be an int"),
+        (lambda: wf.sleep("c", -1), "duration"),
+        (lambda: wf.sleep("c", None), "required"),
+        (lambda: wf.wait_signal("c", timeout="soon"), "timeout"),
+        (lambda: wf.node("c", "@sleep"), "engine's"),
+    ]
+    for make, message in cases:
+        with pytest.raises(cyclone.WorkflowError, match=message):
+            make()
+    with pytest.raises(cyclone.ValidationError, match="engine's"):
+        cyclone.step("@mine")(echo.fn)
