@@ -25,7 +25,8 @@ async def echo(ctx: cyclone.Context, inp: Any) -> Any:
 def client(dsn: str, *workflows: cyclone.Workflow, **options: Any) -> cyclone.Client:
     options.setdefault("poll_interval", 0.1)
     options.setdefault("lease_ttl", 3)
-    return cyclone.Client(dsn, workflows=workflows, handlers=[echo], **options)
+    options.setdefault("handlers", [echo])
+    return cyclone.Client(dsn, workflows=workflows, **options)
 
 
 def _state(db: psycopg.Connection[Any], run_id: int, node: str) -> str:
@@ -182,3 +183,28 @@ def test_wait_definitions_are_validated() -> None:
             make()
     with pytest.raises(cyclone.ValidationError, match="engine's"):
         cyclone.step("@mine")(echo.fn)
+
+
+@cyclone.action("w_ledger")
+async def ledger(ctx: cyclone.Context, inp: Any) -> None:
+    tx = await ctx.completion_tx()
+    await tx.execute("INSERT INTO ledger (run_id) VALUES (%s)", (ctx.run_id,))
+
+
+async def test_two_clients_scan_the_same_timers_and_each_fires_once(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    db.execute("CREATE TABLE ledger (run_id bigint PRIMARY KEY)")  # a second run fails loudly
+    wf = cyclone.Workflow("raced")
+    nap = wf.sleep("nap", timedelta(hours=1))
+    wf.node("after", ledger, after=[nap])
+    with cyclone.SyncClient(dsn) as producer:
+        subs = [producer.submit(wf, None) for _ in range(40)]
+    db.execute("UPDATE cyclone_steps SET scheduled_at = now() WHERE node = 'nap'")
+    first = client(dsn, wf, handlers=[echo, ledger], poll_interval=0.05)
+    second = client(dsn, wf, handlers=[echo, ledger], poll_interval=0.05)
+    async with first, second:
+        for sub in subs:
+            assert (await first.wait(sub, timeout=60)).state == RunState.COMPLETED
+    assert scalar(db, "SELECT count(*) FROM ledger") == 40
+    assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE attempt > 0") == 0
