@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Self, Unpack
 
@@ -68,7 +68,7 @@ from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import cancel_stmts
+from cyclone.transitions import cancel_stmts, pause_stmts, resume_stmts, retry_stmts
 from cyclone.worker import Worker, WorkerSettings
 from cyclone.workflow import Workflow
 
@@ -756,6 +756,88 @@ class Client:
         if not rows[-1]:
             current = await self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")
+
+    async def pause(self, run: RunRef) -> None:
+        """Pause a running run: no new step of it is claimed; running steps finish.
+
+        decisions.md, Pause: pending and available steps become ``paused``; waiting
+        steps keep waiting, and their timeouts and the run's deadline move forward by
+        the pause length at :meth:`resume`.
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is not running.
+        """
+        await self._control(run, pause_stmts, "paused", "running")
+
+    async def resume(self, run: RunRef) -> None:
+        """Resume a paused run (see :meth:`pause`).
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is not paused.
+        """
+        await self._control(run, resume_stmts, "resumed", "paused")
+
+    async def retry(
+        self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
+    ) -> int:
+        """Operator retry: reset the run's discarded and cancelled steps (all, or ``node``
+        and those below it) and reopen the run.
+
+        Each reset step has ``attempt`` and ``reclaims`` at 0 and no error; it is
+        claimable again when its parents all completed, else pending. The run returns to
+        ``running``; its deadline is cleared unless ``deadline`` (from now) is given.
+
+        Returns:
+            The number of steps reset.
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: nothing to retry (no discarded or cancelled step).
+            ValidationError: a bad node or deadline.
+        """
+        if node is not None:
+            check_text(node, "node")
+        limit = seconds(deadline, "deadline")
+        run_id = run_id_of(run)
+        rows = await self._control_rows(run_id, retry_stmts(run_id, node, limit))
+        reset, woken = rows[0]
+        if not reset:
+            await self.get_run(run_id)  # NotFoundError for an unknown run
+            raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
+        self._announce_woken(set(woken or ()))
+        return int(reset)
+
+    async def _control(
+        self, run: RunRef, stmts: Callable[[int], list[Stmt]], done: str, needed: str
+    ) -> None:
+        run_id = run_id_of(run)
+        rows = await self._control_rows(run_id, stmts(run_id))
+        if not rows:
+            current = await self.get_run(run_id)
+            raise StateError(
+                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
+            )
+        if len(rows[0]) > 1 and isinstance(rows[0][1], list):
+            self._announce_woken(set(rows[0][1]))
+
+    async def _control_rows(self, run_id: int, stmts: list[Stmt]) -> list[tuple[Any, ...]]:
+        await self._open()
+        async with self._engine_pool.connection() as conn:
+            results = await batch_async(
+                conn, stmts, transaction=True, after=[runs_done_statement([run_id])]
+            )
+        return results[-1]
+
+    def _announce_woken(self, woken: set[str]) -> None:
+        assert self._publisher is not None
+        if WAIT_MARK in woken:
+            woken.discard(WAIT_MARK)
+            if self.wait_scanner is not None:
+                self.wait_scanner.kick()
+        if woken:
+            self._publisher.available(woken)
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
         """Block until the run is terminal; the terminal :class:`Run`.

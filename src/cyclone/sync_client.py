@@ -9,7 +9,7 @@ their own transaction.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Self, Unpack
@@ -47,7 +47,7 @@ from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import cancel_stmts
+from cyclone.transitions import cancel_stmts, pause_stmts, resume_stmts, retry_stmts
 from cyclone.workflow import Workflow
 
 __all__ = ["SyncClient"]
@@ -400,6 +400,68 @@ class SyncClient:
         if not rows[-1]:
             current = self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")
+
+    def pause(self, run: RunRef) -> None:
+        """Pause a running run (see ``Client.pause``).
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is not running.
+        """
+        self._control(run_id_of(run), pause_stmts, "paused", "running")
+
+    def resume(self, run: RunRef) -> None:
+        """Resume a paused run (see ``Client.resume``).
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: the run is not paused.
+        """
+        self._control(run_id_of(run), resume_stmts, "resumed", "paused")
+
+    def retry(
+        self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
+    ) -> int:
+        """Operator retry of discarded and cancelled steps (see ``Client.retry``).
+
+        Raises:
+            NotFoundError: no run has that id.
+            StateError: nothing to retry.
+            ValidationError: a bad node or deadline.
+        """
+        if node is not None:
+            check_text(node, "node")
+        limit = seconds(deadline, "deadline")
+        run_id = run_id_of(run)
+        rows = self._control_rows(run_id, retry_stmts(run_id, node, limit))
+        if not rows[0][0]:
+            self.get_run(run_id)  # NotFoundError for an unknown run
+            raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
+        return int(rows[0][0])
+
+    def _control(
+        self, run_id: int, stmts: Callable[[int], list[Stmt]], done: str, needed: str
+    ) -> None:
+        if not self._control_rows(run_id, stmts(run_id)):
+            current = self.get_run(run_id)
+            raise StateError(
+                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
+            )
+
+    def _control_rows(self, run_id: int, stmts: list[Stmt]) -> list[tuple[Any, ...]]:
+        """Run control statements in one transaction; wakeups follow (polling would
+        find the work anyway)."""
+        with self._connection() as conn:
+            if not conn.autocommit:
+                conn.commit()
+            with conn.transaction():
+                rows = batch_sync(conn, stmts, transaction=False)[-1]
+            queues: set[str] = set()
+            for row in rows:
+                if len(row) > 1 and isinstance(row[-1], list):
+                    queues.update(q for q in row[-1] if q != WAIT_MARK)
+            self._publish(conn, queues, (run_id,))
+        return rows
 
     def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
         """Block until the run is terminal (see ``Client.wait``).

@@ -34,8 +34,11 @@ __all__ = [
     "mismatch_stmt",
     "parse_claimed",
     "parse_completed",
+    "pause_stmts",
     "reclaim_stmts",
     "release_stmt",
+    "resume_stmts",
+    "retry_stmts",
     "sequence_recheck_stmts",
 ]
 
@@ -346,4 +349,31 @@ def cancel_stmts(run_id: int) -> list[Stmt]:
     return [
         Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
         Stmt(Q.runs_cancel, {"run_id": run_id}),
+    ]
+
+
+def pause_stmts(run_id: int) -> list[Stmt]:
+    """Pause a running run: lock it, then ``runs_pause``."""
+    return [
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(Q.runs_pause, {"run_id": run_id}),
+    ]
+
+
+def resume_stmts(run_id: int) -> list[Stmt]:
+    """Resume a paused run: lock it, then ``runs_resume``."""
+    return [
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(Q.runs_resume, {"run_id": run_id}),
+    ]
+
+
+def retry_stmts(run_id: int, node: str | None, deadline: float | None) -> list[Stmt]:
+    """Operator retry: lock the run, then ``runs_retry`` (``deadline`` in seconds)."""
+    return [
+        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(
+            Q.runs_retry,
+            {"run_id": run_id, "node": node, "deadline_us": micros(deadline)},
+        ),
     ]

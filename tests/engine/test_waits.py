@@ -6,6 +6,7 @@ the past instead of sleeping.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -208,3 +209,129 @@ async def test_two_clients_scan_the_same_timers_and_each_fires_once(
             assert (await first.wait(sub, timeout=60)).state == RunState.COMPLETED
     assert scalar(db, "SELECT count(*) FROM ledger") == 40
     assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE attempt > 0") == 0
+
+
+@cyclone.step("w_gate")
+async def gate(ctx: cyclone.Context, inp: Any) -> str:
+    """Blocks until the test opens the gate (a row in ``gate``)."""
+    while True:
+        async with await psycopg.AsyncConnection.connect(GATE_DSN[0], autocommit=True) as conn:
+            row = await (await conn.execute("SELECT 1 FROM gate")).fetchone()
+        if row:
+            return "through"
+        await asyncio.sleep(0.02)
+
+
+GATE_DSN: list[str] = [""]
+
+
+async def test_pause_holds_new_work_and_resume_moves_the_deadline(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    db.execute("CREATE TABLE gate (open int)")
+    GATE_DSN[0] = dsn
+    wf = cyclone.Workflow("pausable")
+    first = wf.node("first", gate)
+    second = wf.node("second", echo, after=[first])
+    wf.wait_signal("go", timeout=timedelta(hours=2), after=[first])
+    wf.result(second)
+    async with client(dsn, wf, handlers=[echo, gate]) as c:
+        sub = await c.submit(wf, "x", deadline=timedelta(hours=1))
+        await apoll_until(lambda: _is(db, sub.run_id, "first", "running"), what="first running")
+        await c.pause(sub)
+        with pytest.raises(cyclone.StateError, match="not running"):
+            await c.pause(sub)
+        paused = await c.get_run(sub)
+        assert paused.state == RunState.PAUSED and paused.paused_at is not None
+        db.execute("INSERT INTO gate VALUES (1)")  # the running step finishes during the pause
+        await apoll_until(lambda: _is(db, sub.run_id, "first", "completed"), what="first done")
+        assert _state(db, sub.run_id, "second") == "paused"  # parked, not claimable
+        assert _state(db, sub.run_id, "go") == "paused"
+        # the pause lasts an hour on the database clock
+        db.execute(
+            "UPDATE cyclone_runs SET paused_at = paused_at - interval '1 hour' WHERE id = %s",
+            (sub.run_id,),
+        )
+        before = scalar(db, "SELECT deadline_at FROM cyclone_runs WHERE id = %s", (sub.run_id,))
+        await c.resume(sub)
+        with pytest.raises(cyclone.StateError, match="not paused"):
+            await c.resume(sub)
+        after = scalar(db, "SELECT deadline_at FROM cyclone_runs WHERE id = %s", (sub.run_id,))
+        assert timedelta(minutes=59) < after - before < timedelta(hours=1, minutes=1)
+        await apoll_until(lambda: _is(db, sub.run_id, "second", "completed"), what="second")
+        assert _state(db, sub.run_id, "go") == "waiting_signal"
+        assert await c.signal(sub, "go", None)
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.paused_at is None and run.result == "x"
+
+
+async def test_pause_then_deadline_fails_the_run_after_resume(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = cyclone.Workflow("late")
+    wf.wait_signal("never")
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, None, deadline=timedelta(hours=1))
+        await apoll_until(lambda: _is(db, sub.run_id, "never", "waiting_signal"), what="wait")
+        await c.pause(sub)
+        db.execute(
+            "UPDATE cyclone_runs SET deadline_at = now() - interval '1 second' WHERE id = %s",
+            (sub.run_id,),
+        )
+        assert (await c.get_run(sub)).state == RunState.PAUSED  # no deadline while paused
+        await c.resume(sub)  # moves it by the (short) pause: still in the past
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.FAILED and run.error == "run deadline passed"
+
+
+@cyclone.step("w_flaky", max_attempts=1)
+async def flaky(ctx: cyclone.Context, inp: Any) -> str:
+    if not FIXED[0]:
+        raise cyclone.Discard("broken for now")
+    return "fixed"
+
+
+FIXED = [False]
+
+
+async def test_retry_of_a_discarded_step_completes_the_run(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    FIXED[0] = False
+    wf = cyclone.Workflow("retried")
+    f = wf.node("flaky", flaky)
+    after = wf.node("after", echo, input_from=f)
+    wf.node("side", echo)
+    wf.result(after)
+    async with client(dsn, wf, handlers=[echo, flaky]) as c:
+        sub = await c.submit(wf, None)
+        failed = await c.wait(sub, timeout=30)
+        assert failed.state == RunState.FAILED
+        with pytest.raises(cyclone.StateError, match="cannot be resumed"):
+            await c.resume(sub)
+        FIXED[0] = True
+        assert await c.retry(sub) >= 2  # flaky (discarded) and after (cancelled)
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+        with pytest.raises(cyclone.StateError, match="no discarded"):
+            await c.retry(sub)
+        with pytest.raises(cyclone.NotFoundError):
+            await c.retry(10**9)
+    assert run.state == RunState.COMPLETED and run.result == "fixed" and run.error is None
+    assert steps["flaky"].attempt == 0 and steps["flaky"].reclaims == 0
+    assert steps["flaky"].error is None
+
+
+def test_sync_client_controls_runs(dsn: str, db: psycopg.Connection[Any]) -> None:
+    wf = cyclone.Workflow("sync_control")
+    wf.wait_signal("go")
+    with cyclone.SyncClient(dsn) as c:
+        sub = c.submit(wf, None)
+        c.pause(sub)
+        assert c.get_run(sub).state == RunState.PAUSED
+        c.resume(sub)
+        c.cancel(sub)
+        assert c.retry(sub) == 1
+        assert c.get_run(sub).state == RunState.RUNNING
+        with pytest.raises(cyclone.StateError):
+            c.resume(sub)

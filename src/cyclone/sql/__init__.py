@@ -69,6 +69,9 @@ class Queries:
     runs_submit: LiteralString
     runs_find_submit_key: LiteralString
     runs_fail_deadline: LiteralString
+    runs_pause: LiteralString
+    runs_resume: LiteralString
+    runs_retry: LiteralString
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString

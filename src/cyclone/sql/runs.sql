@@ -278,3 +278,138 @@ WITH due AS (
 )
 SELECT failed.id, (SELECT count(*) FROM cancelled) AS steps_cancelled
 FROM failed;
+
+
+-- name: runs_pause
+-- decisions.md, Pause: a running run becomes paused (paused_at = now()); its pending and
+-- available steps become paused, so nothing new of it is claimed; running steps finish
+-- (their advance parks dependents as paused); waiting steps keep waiting. Runs after
+-- runs_lock. No row back: the run is not running.
+WITH paused AS (
+    UPDATE cyclone_runs
+    SET state = 'paused',
+        paused_at = now(),
+        updated_at = now()
+    WHERE id = %(run_id)s
+      AND state = 'running'
+    RETURNING id
+), held AS (
+    UPDATE cyclone_steps s
+    SET state = 'paused'
+    FROM paused
+    WHERE s.run_id = paused.id
+      AND s.state IN ('pending', 'available')
+    RETURNING s.id
+)
+SELECT paused.id, (SELECT count(*) FROM held) AS steps_paused
+FROM paused;
+
+
+-- name: runs_resume
+-- decisions.md, Pause: a paused run runs again; deadline_at and the deadlines of its
+-- waiting steps move forward by the pause length; each paused step is recomputed from
+-- its dependencies: reached (available, or its waiting state for a wait node, whose
+-- wait starts now) when all its parents completed, else pending. Runs after runs_lock.
+-- No row back: the run is not paused.
+WITH run AS (
+    SELECT id, now() - paused_at AS pause
+    FROM cyclone_runs
+    WHERE id = %(run_id)s
+      AND state = 'paused'
+), resumed AS (
+    UPDATE cyclone_runs r
+    SET state = 'running',
+        deadline_at = r.deadline_at + run.pause,
+        paused_at = NULL,
+        updated_at = now()
+    FROM run
+    WHERE r.id = run.id
+    RETURNING r.id
+), shifted AS (
+    UPDATE cyclone_steps s
+    SET scheduled_at = s.scheduled_at + run.pause
+    FROM run
+    WHERE s.run_id = run.id
+      AND s.state IN ('waiting_timer', 'waiting_signal')
+    RETURNING s.id
+), restored AS (
+    UPDATE cyclone_steps s
+    SET state = CASE
+            WHEN EXISTS (
+                SELECT 1
+                FROM cyclone_deps d
+                JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+                WHERE d.run_id = s.run_id AND d.node = s.node AND p.state <> 'completed')
+                THEN 'pending'
+            WHEN s.kind = '@sleep' THEN 'waiting_timer'
+            WHEN s.kind = '@signal' THEN 'waiting_signal'
+            ELSE 'available' END,
+        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal')
+            THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
+    FROM run
+    WHERE s.run_id = run.id
+      AND s.state = 'paused'
+    RETURNING s.state, s.queue
+)
+SELECT resumed.id,
+       (SELECT array_agg(DISTINCT CASE WHEN state = 'waiting_signal' THEN '@signal'
+                                       ELSE queue END)
+        FROM restored WHERE state IN ('available', 'waiting_signal')) AS woken
+FROM resumed;
+
+
+-- name: runs_retry
+-- decisions.md, Operator retry: reset the discarded and cancelled steps of a run (all of
+-- them, or %(node)s and those below it): attempt and reclaims to 0, error cleared; a
+-- step whose parents all completed is reached again (available, or its waiting state),
+-- the rest pending. The run returns to running, its deadline_at cleared unless a new
+-- deadline is given (%(deadline_us)s from now). Runs after runs_lock.
+WITH RECURSIVE below (node) AS (
+    SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
+    UNION
+    SELECT d.node
+    FROM below b
+    JOIN cyclone_deps d ON d.run_id = %(run_id)s AND d.dep_node = b.node
+), reset AS (
+    UPDATE cyclone_steps s
+    SET state = CASE
+            WHEN EXISTS (
+                SELECT 1
+                FROM cyclone_deps d
+                JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+                WHERE d.run_id = s.run_id AND d.node = s.node AND p.state <> 'completed')
+                THEN 'pending'
+            WHEN s.kind = '@sleep' THEN 'waiting_timer'
+            WHEN s.kind = '@signal' THEN 'waiting_signal'
+            ELSE 'available' END,
+        scheduled_at = now() + CASE WHEN s.kind IN ('@sleep', '@signal')
+            THEN coalesce(s.wait_for, interval '0') ELSE interval '0' END,
+        attempt = 0,
+        reclaims = 0,
+        error = NULL,
+        error_kind = NULL,
+        panic_stack = NULL,
+        output = NULL,
+        started_at = NULL,
+        completed_at = NULL,
+        lease_owner = NULL,
+        lease_expiry = NULL
+    WHERE s.run_id = %(run_id)s
+      AND s.state IN ('discarded', 'cancelled')
+      AND (%(node)s::text IS NULL OR s.node IN (SELECT node FROM below))
+    RETURNING s.state, s.queue
+), reopened AS (
+    UPDATE cyclone_runs r
+    SET state = 'running',
+        finished_at = NULL,
+        paused_at = NULL,
+        deadline_at = now() + %(deadline_us)s::bigint * interval '1 microsecond',
+        updated_at = now()
+    WHERE r.id = %(run_id)s
+      AND EXISTS (SELECT 1 FROM reset)
+    RETURNING r.id
+)
+SELECT (SELECT count(*) FROM reset) AS steps_reset,
+       (SELECT array_agg(DISTINCT CASE WHEN state = 'waiting_signal' THEN '@signal'
+                                       ELSE queue END)
+        FROM reset WHERE state IN ('available', 'waiting_signal')) AS woken;

@@ -233,7 +233,7 @@ WITH v AS (
         updated_at = now()
     FROM done
     WHERE r.id = done.run_id
-      AND r.state = 'running'
+      AND r.state IN ('running', 'paused')
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_steps o
@@ -297,24 +297,26 @@ WITH v AS (
           AND ps.id NOT IN (SELECT id FROM done))
 ), advanced AS (
     UPDATE cyclone_steps s
-    SET state = CASE s.kind
-            WHEN '@sleep' THEN 'waiting_timer'
-            WHEN '@signal' THEN 'waiting_signal'
+    SET state = CASE
+            WHEN r.state = 'paused' THEN 'paused'
+            WHEN s.kind = '@sleep' THEN 'waiting_timer'
+            WHEN s.kind = '@signal' THEN 'waiting_signal'
             ELSE 'available' END,
-        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal')
+        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal') AND r.state <> 'paused'
             THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
     FROM ready
+    JOIN cyclone_runs r ON r.id = ready.run_id
     WHERE s.run_id = ready.run_id
       AND s.node = ready.node
       AND s.state = 'pending'
-    RETURNING s.queue, s.kind
+    RETURNING s.queue, s.kind, s.state
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
         finished_at = now(),
         updated_at = now()
     WHERE r.id IN (SELECT run_id FROM done)
-      AND r.state = 'running'
+      AND r.state IN ('running', 'paused')
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_steps o
@@ -325,7 +327,7 @@ WITH v AS (
 )
 SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
        (SELECT array_agg(DISTINCT CASE WHEN kind = '@signal' THEN '@signal' ELSE queue END)
-        FROM advanced WHERE kind <> '@sleep') AS woken
+        FROM advanced WHERE state IN ('available', 'waiting_signal')) AS woken
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
 
@@ -362,9 +364,11 @@ RETURNING s.id, s.queue;
 -- name: steps_retry
 -- A failed attempt with attempts left: count it, record the error, and make the step
 -- claimable again after the backoff delay (computed by the caller, applied on the
--- database clock).
+-- database clock); in a paused run it is parked as paused until resume.
 UPDATE cyclone_steps
-SET state = 'available',
+SET state = CASE WHEN EXISTS (
+            SELECT 1 FROM cyclone_runs r WHERE r.id = run_id AND r.state = 'paused')
+        THEN 'paused' ELSE 'available' END,
     attempt = attempt + 1,
     error = %(error)s,
     error_kind = %(error_kind)s,
@@ -505,6 +509,7 @@ WHERE s.id IN (
     WHERE t.state = 'waiting_timer' AND t.scheduled_at <= now()
     ORDER BY t.scheduled_at
     LIMIT %(limit)s)
+  AND r.state = 'running'
 ORDER BY r.id
 FOR UPDATE OF r SKIP LOCKED;
 
@@ -520,6 +525,7 @@ WHERE s.id IN (
     WHERE t.state = 'waiting_signal' AND t.wait_for IS NOT NULL AND t.scheduled_at <= now()
     ORDER BY t.scheduled_at
     LIMIT %(limit)s)
+  AND r.state = 'running'
 ORDER BY r.id
 FOR UPDATE OF r SKIP LOCKED;
 
