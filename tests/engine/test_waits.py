@@ -335,3 +335,28 @@ def test_sync_client_controls_runs(dsn: str, db: psycopg.Connection[Any]) -> Non
         assert c.get_run(sub).state == RunState.RUNNING
         with pytest.raises(cyclone.StateError):
             c.resume(sub)
+
+
+async def test_a_step_reclaimed_during_a_pause_stays_parked(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A running step of a paused run whose worker died goes back as paused, not
+    available, and runs after resume."""
+    wf = cyclone.Workflow("reclaimed_in_pause")
+    wf.node("only", echo)
+    with cyclone.SyncClient(dsn) as producer:
+        sub = producer.submit(wf, "x")
+        # a worker that claimed the step and died: running, lease already expired
+        db.execute(
+            "UPDATE cyclone_steps SET state = 'running', lease_owner = 'dead/1',"
+            " lease_generation = 1, lease_expiry = now() - interval '1 second',"
+            " started_at = now() WHERE run_id = %s",
+            (sub.run_id,),
+        )
+        producer.pause(sub)
+    async with client(dsn, wf, poll_interval=0.05, sweep_interval=0.05) as c:
+        await apoll_until(lambda: _is(db, sub.run_id, "only", "paused"), what="the reclaim")
+        assert scalar(db, "SELECT reclaims FROM cyclone_steps WHERE run_id = %s", (sub.run_id,))
+        await c.resume(sub)
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result == "x"

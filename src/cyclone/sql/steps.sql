@@ -404,9 +404,12 @@ RETURNING id;
 
 -- name: steps_release
 -- Give held steps back without counting an attempt or a reclaim (graceful shutdown).
--- scheduled_at is unchanged: another worker may claim them at once.
+-- scheduled_at is unchanged: another worker may claim them at once (in a paused run
+-- they are parked as paused).
 UPDATE cyclone_steps s
-SET state = 'available',
+SET state = CASE WHEN EXISTS (
+            SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'paused')
+        THEN 'paused' ELSE 'available' END,
     lease_owner = NULL,
     lease_expiry = NULL
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
@@ -439,9 +442,12 @@ UNION ALL
 -- name: steps_reclaim
 -- The recovery sweep gives one step back: available again at once (scheduled_at
 -- unchanged), lease cleared, reclaims + 1, attempt unchanged (a reclaim is not an
--- attempt). Guarded on the generation the sweep read and on the expiry still holding.
+-- attempt; parked as paused in a paused run). Guarded on the generation the sweep read
+-- and on the expiry still holding.
 UPDATE cyclone_steps
-SET state = 'available',
+SET state = CASE WHEN EXISTS (
+            SELECT 1 FROM cyclone_runs r WHERE r.id = run_id AND r.state = 'paused')
+        THEN 'paused' ELSE 'available' END,
     reclaims = reclaims + 1,
     error = %(error)s,
     error_kind = %(error_kind)s,
