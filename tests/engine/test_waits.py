@@ -343,7 +343,7 @@ async def test_a_step_reclaimed_during_a_pause_stays_parked(
     """A running step of a paused run whose worker died goes back as paused, not
     available, and runs after resume."""
     wf = cyclone.Workflow("reclaimed_in_pause")
-    wf.node("only", echo)
+    wf.result(wf.node("only", echo))
     with cyclone.SyncClient(dsn) as producer:
         sub = producer.submit(wf, "x")
         # a worker that claimed the step and died: running, lease already expired
