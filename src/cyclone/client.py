@@ -68,7 +68,13 @@ from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import cancel_stmts, pause_stmts, resume_stmts, retry_stmts
+from cyclone.transitions import (
+    cancel_stmts,
+    pause_stmts,
+    resume_stmts,
+    retry_outcome,
+    retry_stmts,
+)
 from cyclone.worker import Worker, WorkerSettings
 from cyclone.workflow import Workflow
 
@@ -794,20 +800,18 @@ class Client:
 
         Raises:
             NotFoundError: no run has that id.
-            StateError: nothing to retry (no discarded or cancelled step).
-            ValidationError: a bad node or deadline.
+            StateError: nothing to retry, the run is paused, or (with ``node``) a
+                discarded step outside the retried part would stay behind.
+            ValidationError: a bad or unknown node, or a bad deadline.
         """
         if node is not None:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
         run_id = run_id_of(run)
         rows = await self._control_rows(run_id, retry_stmts(run_id, node, limit))
-        reset, woken = rows[0]
-        if not reset:
-            await self.get_run(run_id)  # NotFoundError for an unknown run
-            raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
-        self._announce_woken(set(woken or ()))
-        return int(reset)
+        reset, woken = retry_outcome(run_id, node, rows[0])
+        self._announce_woken(woken)
+        return reset
 
     async def _control(
         self, run: RunRef, stmts: Callable[[int], list[Stmt]], done: str, needed: str

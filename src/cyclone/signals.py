@@ -127,6 +127,7 @@ def signal_plan(run_id: int, name: str, payload: str) -> Plan[tuple[bool, Settle
         NotFoundError: no run has that id.
         ValidationError: no wait node of the run declares ``name``.
     """
+    yield Stmt(Q.runs_read_committed)  # a caller's pool may default to another level
     rows = yield Stmt(Q.signals_run_lock, {"run_id": run_id})
     if not rows:
         raise NotFoundError(f"run {run_id} does not exist")

@@ -72,7 +72,7 @@ class StepState(StrEnum):
 TERMINAL_STEP_STATES: frozenset[StepState] = frozenset(
     {StepState.COMPLETED, StepState.DISCARDED, StepState.CANCELLED}
 )
-"""States a step never leaves except by an operator retry."""
+"""States a step leaves only by an operator retry."""
 
 ACTIVE_STEP_STATES: frozenset[StepState] = frozenset(StepState) - TERMINAL_STEP_STATES
 """'Active' for ``unique_key`` and ``sequence_key``: every state but the terminal ones."""
@@ -90,6 +90,17 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.WAITING_TIMER, S.COMPLETED): "wait scanner: scheduled_at passed",
     (S.WAITING_SIGNAL, S.COMPLETED): "signal delivery or wait scanner: the mailbox holds enough",
     (S.WAITING_SIGNAL, S.DISCARDED): "wait scanner: the wait's timeout passed (signal_timeout)",
+    (S.PENDING, S.PAUSED): "pause of the run",
+    (S.AVAILABLE, S.PAUSED): "pause of the run",
+    (S.RUNNING, S.PAUSED): "failed attempt, reclaim or release while the run is paused",
+    (S.PAUSED, S.PENDING): "resume: a parent is not completed",
+    (S.PAUSED, S.AVAILABLE): "resume: all parents completed",
+    (S.PAUSED, S.WAITING_TIMER): "resume: a reached sleep node starts its wait",
+    (S.PAUSED, S.WAITING_SIGNAL): "resume: a reached signal wait starts its wait",
+    (S.DISCARDED, S.AVAILABLE): "operator retry (parents completed)",
+    (S.DISCARDED, S.PENDING): "operator retry (a parent not completed)",
+    (S.CANCELLED, S.AVAILABLE): "operator retry (parents completed)",
+    (S.CANCELLED, S.PENDING): "operator retry (a parent not completed)",
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
@@ -123,6 +134,13 @@ RUN_TRANSITIONS: dict[tuple[RunState, RunState], str] = {
         "wait scanner, under the run row lock); deadline_at passed (wait scanner)"
     ),
     (R.PAUSED, R.CANCELLED): "cancel",
+    (R.RUNNING, R.PAUSED): "pause",
+    (R.PAUSED, R.RUNNING): "resume",
+    (R.PAUSED, R.COMPLETED): "its last step finished during the pause",
+    (R.PAUSED, R.FAILED): "a fatal discard during the pause",
+    (R.FAILED, R.RUNNING): "operator retry",
+    (R.CANCELLED, R.RUNNING): "operator retry",
+    (R.COMPLETED, R.RUNNING): "operator retry of a contained failure",
 }
 """Every legal run move, with the part of the engine that makes it."""
 

@@ -47,7 +47,13 @@ from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import cancel_stmts, pause_stmts, resume_stmts, retry_stmts
+from cyclone.transitions import (
+    cancel_stmts,
+    pause_stmts,
+    resume_stmts,
+    retry_outcome,
+    retry_stmts,
+)
 from cyclone.workflow import Workflow
 
 __all__ = ["SyncClient"]
@@ -434,10 +440,7 @@ class SyncClient:
         limit = seconds(deadline, "deadline")
         run_id = run_id_of(run)
         rows = self._control_rows(run_id, retry_stmts(run_id, node, limit))
-        if not rows[0][0]:
-            self.get_run(run_id)  # NotFoundError for an unknown run
-            raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
-        return int(rows[0][0])
+        return retry_outcome(run_id, node, rows[0])[0]
 
     def _control(
         self, run_id: int, stmts: Callable[[int], list[Stmt]], done: str, needed: str
@@ -455,7 +458,9 @@ class SyncClient:
             if not conn.autocommit:
                 conn.commit()
             with conn.transaction():
-                rows = batch_sync(conn, stmts, transaction=False)[-1]
+                rows = batch_sync(conn, [Stmt(Q.runs_read_committed), *stmts], transaction=False)[
+                    -1
+                ]
             queues: set[str] = set()
             for row in rows:
                 if len(row) > 1 and isinstance(row[-1], list):

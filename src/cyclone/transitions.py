@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cyclone.dbio import Rows, Stmt, int_array
-from cyclone.errors import Discard
+from cyclone.errors import Discard, NotFoundError, StateError, ValidationError
 from cyclone.inputs import parse_bindings
 from cyclone.options import micros
 from cyclone.payloads import clean_text
@@ -38,6 +38,7 @@ __all__ = [
     "reclaim_stmts",
     "release_stmt",
     "resume_stmts",
+    "retry_outcome",
     "retry_stmts",
     "sequence_recheck_stmts",
 ]
@@ -377,3 +378,29 @@ def retry_stmts(run_id: int, node: str | None, deadline: float | None) -> list[S
             {"run_id": run_id, "node": node, "deadline_us": micros(deadline)},
         ),
     ]
+
+
+def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[int, set[str]]:
+    """Read the ``runs_retry`` row: the steps reset and the queues to wake.
+
+    Raises:
+        NotFoundError: no run has that id.
+        ValidationError: ``node`` is not a node of the run.
+        StateError: the run is paused, a discarded step would stay behind, or there is
+            nothing to retry.
+    """
+    reset, woken, run_state, blocked, node_found = row
+    if run_state is None:
+        raise NotFoundError(f"run {run_id} does not exist")
+    if not node_found:
+        raise ValidationError(f"run {run_id} has no node {node!r}")
+    if run_state == "paused":
+        raise StateError(f"run {run_id} is paused: resume it, then retry")
+    if blocked:
+        raise StateError(
+            f"run {run_id}: discarded node(s) {blocked} would stay behind; "
+            "retry them too (or the whole run)"
+        )
+    if not reset:
+        raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
+    return int(reset), set(woken or ())

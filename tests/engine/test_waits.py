@@ -360,3 +360,109 @@ async def test_a_step_reclaimed_during_a_pause_stays_parked(
         await c.resume(sub)
         run = await c.wait(sub, timeout=30)
     assert run.state == RunState.COMPLETED and run.result == "x"
+
+
+async def test_retry_rules_paused_unknown_node_and_failures_left_behind(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    FIXED[0] = False
+    wf = cyclone.Workflow("retry_rules")
+    x = wf.node("flaky", flaky)
+    y = wf.node("y", echo, after=[x])
+    wf.node("z", echo)
+    wf.result(y)
+    async with client(dsn, wf, handlers=[echo, flaky]) as c:
+        sub = await c.submit(wf, None)
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        with pytest.raises(cyclone.ValidationError, match="no node 'ghost'"):
+            await c.retry(sub, "ghost")
+        FIXED[0] = True
+        # the cancelled result node, with its discarded parent above it
+        assert await c.retry(sub, "y") >= 2
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result is None  # y echoes the run input
+
+
+@cyclone.action("w_fail", max_attempts=1)
+async def always_fails(ctx: cyclone.Context, inp: Any) -> None:
+    raise cyclone.Discard("always")
+
+
+async def test_retry_of_one_node_refuses_to_leave_another_failure_behind(dsn: str) -> None:
+    FIXED[0] = False
+    wf = cyclone.Workflow("two_failures_contained")
+    x = wf.node("flaky", flaky)
+    wf.node("xb", echo, after=[x], on_dep_failure="cancel_branch")
+    w = wf.node("w", always_fails)
+    wf.node("wb", echo, after=[w], on_dep_failure="cancel_branch")
+    async with client(dsn, wf, handlers=[echo, flaky, always_fails]) as c:
+        sub = await c.submit(wf, None)
+        assert (await c.wait(sub, timeout=30)).state == RunState.COMPLETED  # contained
+        with pytest.raises(cyclone.StateError, match=r"\['w'\] would stay behind"):
+            await c.retry(sub, "flaky")
+        steps = {s.node: s.state for s in await c.list_steps(sub)}
+    assert steps["flaky"] == StepState.DISCARDED  # nothing was reset
+
+
+async def test_retry_of_a_paused_run_is_refused(dsn: str) -> None:
+    wf = cyclone.Workflow("retry_paused")
+    bad = wf.node("bad", flaky)
+    wf.node("below", echo, after=[bad], on_dep_failure="cancel_branch")
+    wf.wait_signal("hold")
+    FIXED[0] = False
+    async with client(dsn, wf, handlers=[echo, flaky]) as c:
+        sub = await c.submit(wf, None)
+        await apoll_until(lambda: _has_discard(dsn, sub.run_id), what="the discard")
+        await c.pause(sub)
+        with pytest.raises(cyclone.StateError, match="is paused: resume it"):
+            await c.retry(sub)
+        await c.resume(sub)
+        FIXED[0] = True
+        assert await c.retry(sub) == 2
+        assert await c.signal(sub, "hold", None)
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED
+
+
+async def _has_discard(dsn: str, run_id: int) -> bool:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND state = 'discarded'",
+            (run_id,),
+        )
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def test_a_contained_discard_during_a_pause_still_completes_the_run(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    db.execute("CREATE TABLE gate (open int)")  # before the step can poll it
+    wf = cyclone.Workflow("contained_in_pause")
+    bad = wf.node("bad", gate_fail)
+    wf.node("below", echo, after=[bad], on_dep_failure="cancel_branch")
+    GATE_DSN[0] = dsn
+    async with client(dsn, wf, handlers=[echo, gate_fail]) as c:
+        sub = await c.submit(wf, None)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await apoll_until(lambda: _running(dsn, sub.run_id), what="bad to run")
+            await c.pause(sub)
+            await conn.execute("INSERT INTO gate VALUES (1)")  # bad discards during the pause
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.paused_at is not None
+
+
+async def _running(dsn: str, run_id: int) -> bool:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND state = 'running'",
+            (run_id,),
+        )
+        row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+@cyclone.action("w_gate_fail", max_attempts=1)
+async def gate_fail(ctx: cyclone.Context, inp: Any) -> None:
+    await gate.fn(ctx, inp)
+    raise cyclone.Discard("fails after the gate")

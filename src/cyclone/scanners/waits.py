@@ -95,10 +95,11 @@ class WaitScanner:
 
     async def scan_once(self) -> ScanResult:
         """One pass of each kind of work; returns what it changed."""
+        signalled = await self._signals()  # before timeouts: a satisfied wait completes
         return ScanResult(
             timers=await self._timers(),
             timeouts=await self._timeouts(),
-            signalled=await self._signals(),
+            signalled=signalled,
             deadlines=await self._deadlines(),
         )
 

@@ -72,6 +72,7 @@ class Queries:
     runs_pause: LiteralString
     runs_resume: LiteralString
     runs_retry: LiteralString
+    runs_read_committed: LiteralString
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString

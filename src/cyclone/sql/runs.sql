@@ -92,7 +92,7 @@ WITH RECURSIVE discarded AS (
         updated_at = now()
     FROM verdict v
     WHERE r.id = %(run_id)s
-      AND r.state = 'running'
+      AND r.state IN ('running', 'paused')
       AND NOT (v.fatal OR v.result_lost)
       AND NOT EXISTS (
           SELECT 1
@@ -204,10 +204,10 @@ SELECT r.id, r.workflow, r.state, r.def_version, r.input,
             WHERE s.run_id = r.id AND s.node = r.result_node
               AND s.error_kind = 'result_node_cancelled'),
            (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1),
+            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1),
            (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1)) END AS error,
+            WHERE s.run_id = r.id AND s.state = 'discarded'
+            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r
@@ -226,10 +226,10 @@ SELECT r.id, r.workflow, r.state, r.def_version, r.input,
             WHERE s.run_id = r.id AND s.node = r.result_node
               AND s.error_kind = 'result_node_cancelled'),
            (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1),
+            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1),
            (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1)) END AS error,
+            WHERE s.run_id = r.id AND s.state = 'discarded'
+            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
        r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
        r.submit_key, r.parent_run_id, r.parent_node_id
 FROM cyclone_runs r
@@ -359,17 +359,45 @@ FROM resumed;
 
 
 -- name: runs_retry
--- decisions.md, Operator retry: reset the discarded and cancelled steps of a run (all of
--- them, or %(node)s and those below it): attempt and reclaims to 0, error cleared; a
+-- decisions.md, Operator retry: reset the discarded and cancelled steps of a run: all of
+-- them, or, for %(node)s, those above and below it and every cancelled step (what the
+-- failure cancelled). Reset means attempt and reclaims 0, error and output cleared; a
 -- step whose parents all completed is reached again (available, or its waiting state),
 -- the rest pending. The run returns to running, its deadline_at cleared unless a new
--- deadline is given (%(deadline_us)s from now). Runs after runs_lock.
+-- deadline is given (%(deadline_us)s from now). Nothing is reset when the run is paused
+-- (resume it first) or when a discarded step would stay behind (retry it too): a run
+-- must not complete around a failure. Runs after runs_lock.
 WITH RECURSIVE below (node) AS (
     SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
     UNION
     SELECT d.node
     FROM below b
     JOIN cyclone_deps d ON d.run_id = %(run_id)s AND d.dep_node = b.node
+), above (node) AS (
+    SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
+    UNION
+    SELECT d.dep_node
+    FROM above a
+    JOIN cyclone_deps d ON d.run_id = %(run_id)s AND d.node = a.node
+), targets AS (
+    SELECT s.id, s.node
+    FROM cyclone_steps s
+    WHERE s.run_id = %(run_id)s
+      AND s.state IN ('discarded', 'cancelled')
+      AND (%(node)s::text IS NULL
+           OR s.state = 'cancelled'
+           OR s.node IN (SELECT node FROM below)
+           OR s.node IN (SELECT node FROM above))
+), blocked AS (
+    SELECT s.node
+    FROM cyclone_steps s
+    WHERE s.run_id = %(run_id)s
+      AND s.state = 'discarded'
+      AND s.id NOT IN (SELECT id FROM targets)
+), run AS (
+    SELECT id, state
+    FROM cyclone_runs
+    WHERE id = %(run_id)s
 ), reset AS (
     UPDATE cyclone_steps s
     SET state = CASE
@@ -394,15 +422,15 @@ WITH RECURSIVE below (node) AS (
         completed_at = NULL,
         lease_owner = NULL,
         lease_expiry = NULL
-    WHERE s.run_id = %(run_id)s
-      AND s.state IN ('discarded', 'cancelled')
-      AND (%(node)s::text IS NULL OR s.node IN (SELECT node FROM below))
+    FROM targets t, run
+    WHERE s.id = t.id
+      AND run.state <> 'paused'
+      AND NOT EXISTS (SELECT 1 FROM blocked)
     RETURNING s.state, s.queue
 ), reopened AS (
     UPDATE cyclone_runs r
     SET state = 'running',
         finished_at = NULL,
-        paused_at = NULL,
         deadline_at = now() + %(deadline_us)s::bigint * interval '1 microsecond',
         updated_at = now()
     WHERE r.id = %(run_id)s
@@ -412,4 +440,15 @@ WITH RECURSIVE below (node) AS (
 SELECT (SELECT count(*) FROM reset) AS steps_reset,
        (SELECT array_agg(DISTINCT CASE WHEN state = 'waiting_signal' THEN '@signal'
                                        ELSE queue END)
-        FROM reset WHERE state IN ('available', 'waiting_signal')) AS woken;
+        FROM reset WHERE state IN ('available', 'waiting_signal')) AS woken,
+       (SELECT state FROM run) AS run_state,
+       (SELECT array_agg(node ORDER BY node) FROM blocked) AS blocked,
+       (%(node)s::text IS NULL OR EXISTS (
+           SELECT 1 FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)s))
+           AS node_found;
+
+
+-- name: runs_read_committed
+-- The first statement of a transaction on a connection the engine does not configure
+-- (a caller's pool): the advance relies on READ COMMITTED.
+SET TRANSACTION ISOLATION LEVEL READ COMMITTED;

@@ -52,20 +52,22 @@ RETURNING g.id;
 
 -- name: signals_ready_runs
 -- The wait scanner's signal pass: lock runs (skipping those another transaction holds)
--- that have a signal wait whose names have unconsumed mailbox rows: a signal that came
--- before its wait was reached.
+-- that have a signal wait whose mailbox holds all it needs (signals that came before the
+-- wait was reached). Partly filled waits are not selected, so they cannot crowd out
+-- the ones ready.
 SELECT r.id
 FROM cyclone_runs r
 WHERE r.id IN (
     SELECT s.run_id
     FROM cyclone_steps s
     WHERE s.state = 'waiting_signal'
-      AND EXISTS (
-          SELECT 1
-          FROM cyclone_signals g
-          WHERE g.run_id = s.run_id
-            AND g.consumed_by IS NULL
-            AND (g.name = s.signal_name OR g.name = ANY(s.signal_names)))
+      AND (SELECT count(*)
+           FROM cyclone_signals g
+           WHERE g.run_id = s.run_id
+             AND g.consumed_by IS NULL
+             AND (g.name = s.signal_name OR g.name = ANY(s.signal_names)))
+          >= coalesce(s.wait_count, 1)
+    ORDER BY s.id
     LIMIT %(limit)s)
 ORDER BY r.id
 FOR UPDATE SKIP LOCKED;

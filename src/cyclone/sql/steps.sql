@@ -96,7 +96,8 @@ ORDER BY step.run_id;
 -- outputs; a standalone job (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
--- A sequenced step (sequence_key) is claimable only at the head of its key: no other
+-- A step of a run that is not running (paused) is never taken, whatever raced it back to
+-- available. A sequenced step (sequence_key) is claimable only at the head of its key: no other
 -- active step of the key is running or comes before it in the key's order, which puts
 -- steps started before (a failed attempt waiting out its backoff, or a reclaim) first,
 -- then the rest by (scheduled_at, id). The row comparison reads: e comes first if e is
@@ -141,6 +142,7 @@ FROM claimable c,
 WHERE s.id = c.id
   AND s.state = 'available'
   AND r.id = s.run_id
+  AND r.state = 'running'
   AND k.kind = s.kind
 RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, r.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
@@ -511,8 +513,10 @@ SELECT s.id, s.run_id
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 WHERE s.id IN (
-    SELECT t.id FROM cyclone_steps t
-    WHERE t.state = 'waiting_timer' AND t.scheduled_at <= now()
+    SELECT t.id
+    FROM cyclone_steps t
+    JOIN cyclone_runs tr ON tr.id = t.run_id
+    WHERE t.state = 'waiting_timer' AND t.scheduled_at <= now() AND tr.state = 'running'
     ORDER BY t.scheduled_at
     LIMIT %(limit)s)
   AND r.state = 'running'
@@ -527,8 +531,11 @@ SELECT s.id, s.run_id, s.node, extract(epoch FROM s.wait_for)::float8
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 WHERE s.id IN (
-    SELECT t.id FROM cyclone_steps t
+    SELECT t.id
+    FROM cyclone_steps t
+    JOIN cyclone_runs tr ON tr.id = t.run_id
     WHERE t.state = 'waiting_signal' AND t.wait_for IS NOT NULL AND t.scheduled_at <= now()
+      AND tr.state = 'running'
     ORDER BY t.scheduled_at
     LIMIT %(limit)s)
   AND r.state = 'running'
