@@ -63,7 +63,7 @@ from cyclone.producer import (
 )
 from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
 from cyclone.scanners.sweep import Sweeper
-from cyclone.scanners.waits import WAIT_MARK, WaitScanner
+from cyclone.scanners.waits import MARKS, WaitScanner
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
@@ -695,10 +695,10 @@ class Client:
         async with self._engine_pool.connection() as conn, conn.transaction():
             stored, settled = await run_plan_async(conn, signal_plan(run_id, name, encoded))
         assert self._publisher is not None
-        queues = set(settled.woken) - {WAIT_MARK}
+        queues = set(settled.woken) - MARKS
         if queues:
             self._publisher.available(queues)
-        if WAIT_MARK in settled.woken and self.wait_scanner is not None:
+        if MARKS & settled.woken and self.wait_scanner is not None:
             self.wait_scanner.kick()
         if settled.finished:
             self._publisher.run_done(settled.finished)
@@ -836,8 +836,8 @@ class Client:
 
     def _announce_woken(self, woken: set[str]) -> None:
         assert self._publisher is not None
-        if WAIT_MARK in woken:
-            woken.discard(WAIT_MARK)
+        if woken & MARKS:
+            woken -= MARKS
             if self.wait_scanner is not None:
                 self.wait_scanner.kick()
         if woken:

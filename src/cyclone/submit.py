@@ -73,6 +73,7 @@ class CompiledWorkflow:
     inputs: str
     queues: frozenset[str]
     all_queues: frozenset[str]
+    has_fan_out: bool = False
 
 
 def compile_workflow(
@@ -117,6 +118,8 @@ def compile_workflow(
                 "signal_name": spec.signal_name,
                 "signal_names": list(spec.signal_names) if spec.signal_names else None,
                 "wait_count": spec.wait_count,
+                "fan_out_parallel": spec.fan_out_parallel,
+                "fan_out_max_bytes": spec.fan_out_max_bytes,
             }
         )
         deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())
@@ -132,6 +135,7 @@ def compile_workflow(
             "the run input or through upstream outputs"
         )
     return CompiledWorkflow(
+        has_fan_out=any(spec.fan_out_parallel is not None for spec in wf.nodes.values()),
         name=wf.name,
         def_version=wf.def_version,
         result_node=wf.result_node,
@@ -193,6 +197,7 @@ class SubmitRequest:
             "def_version": compiled.def_version,
             "input": encoded,
             "result_node": compiled.result_node,
+            "has_fan_out": compiled.has_fan_out,
             "submit_key": submit_key,
             "deadline_us": micros(limit),
             "nodes": compiled.nodes,

@@ -42,7 +42,7 @@ from cyclone.producer import (
     enqueued_from_rows,
 )
 from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
-from cyclone.scanners.waits import WAIT_MARK
+from cyclone.scanners.waits import MARKS
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
@@ -326,7 +326,7 @@ class SyncClient:
                 conn.commit()
             with conn.transaction():
                 stored, settled = run_plan_sync(conn, signal_plan(run_id, name, encoded))
-            queues = set(settled.woken) - {WAIT_MARK}
+            queues = set(settled.woken) - MARKS
             if queues or settled.finished:
                 self._publish(conn, queues, settled.finished)
         return stored
@@ -464,7 +464,7 @@ class SyncClient:
             queues: set[str] = set()
             for row in rows:
                 if len(row) > 1 and isinstance(row[-1], list):
-                    queues.update(q for q in row[-1] if q != WAIT_MARK)
+                    queues.update(q for q in row[-1] if q not in MARKS)
             self._publish(conn, queues, (run_id,))
         return rows
 

@@ -39,7 +39,7 @@ from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
-from cyclone.scanners.waits import WAIT_MARK
+from cyclone.scanners.waits import MARKS
 from cyclone.sql import Q
 from cyclone.transitions import (
     FAILURE_CAS,
@@ -622,11 +622,11 @@ class Worker:
     def _woken(self, queues: set[str]) -> None:
         """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere.
 
-        ``WAIT_MARK`` among them means a signal wait was reached: the wait scanner looks
-        at once for signals that came before it.
+        A marker among them (``MARKS``: a signal wait or a fan-out reached, an item task
+        finished) asks the wait scanner for a pass now.
         """
-        if WAIT_MARK in queues:
-            queues = queues - {WAIT_MARK}
+        if queues & MARKS:
+            queues = queues - MARKS
             if self.on_wait is not None:
                 self.on_wait()
         if not queues:

@@ -25,7 +25,7 @@ import hashlib
 import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from cyclone.errors import ValidationError, WorkflowError
@@ -87,6 +87,8 @@ class NodeSpec:
     signal_name: str | None = None
     signal_names: tuple[str, ...] | None = None
     wait_count: int | None = None
+    fan_out_parallel: int | None = None
+    fan_out_max_bytes: int | None = None
 
     @property
     def deps(self) -> dict[str, str]:
@@ -248,6 +250,63 @@ class Workflow:
                 on_dep_failure=on_dep_failure,
             )
         )
+
+    def fan_out(
+        self,
+        id: str,
+        kind: Handler | str,
+        *,
+        over: NodeRef,
+        max_parallel: int = 0,
+        max_bytes: int = 0,
+        after: Iterable[NodeRef] = (),
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        timeout: Duration | None = None,
+        retention: Duration | None = None,
+        on_dep_failure: DepPolicy = "fail_run",
+    ) -> Node:
+        """Declare a fan-out: one item task of ``kind`` per element of ``over``'s output.
+
+        When ``over`` completes, the same transaction inserts the item tasks ``id[0]``,
+        ``id[1]``, ... (each with one list element as input), at most ``max_parallel``
+        of them runnable at once (0: no limit; the rest are released as items finish).
+        The node completes when every item completed: with the items' outputs in item
+        order for a step kind (over ``max_bytes`` of JSON, 0 for no limit, the node is
+        discarded with ``error_kind = 'fan_out_too_large'``), with no output for an
+        action. An empty list completes at once; an output that is not a list discards
+        the node (``'fan_out_input'``). The first item discarded discards the node and
+        cancels the remaining items; the node's dependents then apply their policy.
+
+        Raises:
+            WorkflowError: as :meth:`node`, or a bad ``max_parallel`` / ``max_bytes``.
+        """
+        for value, what in ((max_parallel, "max_parallel"), (max_bytes, "max_bytes")):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise WorkflowError(f"fan-out {id!r}: {what} must be an int >= 0, got {value!r}")
+        if max_parallel > 2**31 - 1:
+            raise WorkflowError(f"fan-out {id!r}: max_parallel is too large: {max_parallel}")
+        node = self.node(
+            id,
+            kind,
+            after=after,
+            input_from=over,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retention=retention,
+            on_dep_failure=on_dep_failure,
+        )
+        spec = self._nodes[node.id]
+        has_output = spec.handler.has_output if spec.handler is not None else True
+        self._nodes[node.id] = replace(
+            spec,
+            fan_out_parallel=max_parallel,
+            fan_out_max_bytes=max_bytes if has_output else None,
+        )
+        return node
 
     def sleep(self, id: str, duration: Duration, *, after: Iterable[NodeRef] = ()) -> Node:
         """Declare a durable timer: the node waits ``duration`` (``timedelta`` or seconds)
@@ -516,7 +575,9 @@ def _signals(spec: NodeSpec) -> list[str]:
 
 
 def _wait_shape(spec: NodeSpec) -> list[Any]:
-    """The fingerprinted shape of a wait node (nothing for a handler node)."""
+    """The fingerprinted shape of a wait or fan-out node (nothing for a plain node)."""
+    if spec.fan_out_parallel is not None:
+        return ["fan_out"]
     if not spec.kind.startswith("@"):
         return []
     return [spec.wait_for, spec.signal_name, list(spec.signal_names or ()), spec.wait_count]

@@ -11,7 +11,10 @@ on every step it changes:
   ``error_kind = 'signal_timeout'`` and their runs resolved as for any discard;
 * signal waits whose mailbox already holds their signals (sent before the wait was
   reached) complete with them;
-* runs past ``deadline_at`` (idx_runs_deadline) fail, their active steps cancelled.
+* runs past ``deadline_at`` (idx_runs_deadline) fail, their active steps cancelled;
+* reached fan-out nodes (idx_steps_fan_out): pending items are released up to
+  ``max_parallel``; a node whose items all completed completes with their outputs in
+  item order (or is discarded when over ``max_bytes``, or when its input is not a list).
 
 The scanner runs every ``interval`` seconds, and at once when kicked (a worker saw a
 signal wait reached).
@@ -34,12 +37,16 @@ from cyclone.signals import settle_plan
 from cyclone.sql import Q
 from cyclone.transitions import parse_completed
 
-__all__ = ["WAIT_MARK", "ScanResult", "WaitScanner"]
+__all__ = ["FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
 
 log = logging.getLogger("cyclone.waits")
 
 WAIT_MARK = "@signal"
 """What an advance reports among its woken queues when it reached a signal wait."""
+FAN_OUT_MARK = "@fanout"
+"""What an advance reports when it reached a fan-out node or finished an item task."""
+MARKS = frozenset({WAIT_MARK, FAN_OUT_MARK})
+"""Markers among woken queues that ask the scanner for a pass (never real queues)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +57,7 @@ class ScanResult:
     timeouts: int = 0
     signalled: int = 0
     deadlines: int = 0
+    fan_outs: int = 0
 
 
 class WaitScanner:
@@ -101,14 +109,15 @@ class WaitScanner:
             timeouts=await self._timeouts(),
             signalled=signalled,
             deadlines=await self._deadlines(),
+            fan_outs=await self._fan_outs(),
         )
 
     def _announce(
         self, finished: set[int] | frozenset[int], woken: set[str] | frozenset[str]
     ) -> None:
         queues = set(woken)
-        if WAIT_MARK in queues:
-            queues.discard(WAIT_MARK)
+        if queues & MARKS:
+            queues -= MARKS
             self.kick()
         if queues:
             self._wake(queues)
@@ -163,3 +172,91 @@ class WaitScanner:
             log.warning("runs %s failed: deadline passed", [row[0] for row in failed])
             self._announce({row[0] for row in failed}, set())
         return len(failed)
+
+    async def _fan_outs(self) -> int:
+        changed = 0
+        finished: set[int] = set()
+        woken: set[str] = set()
+        async with self._pool.connection() as conn, conn.transaction():
+            runs = await fetch_async(conn, Stmt(Q.steps_fan_outs_lock, {"limit": self._batch}))
+            if not runs:
+                return 0
+            states = await fetch_async(
+                conn, Stmt(Q.steps_fan_outs_state, {"run_ids": [row[0] for row in runs]})
+            )
+            for (
+                step_id,
+                run_id,
+                node,
+                parallel,
+                max_bytes,
+                over_type,
+                active,
+                waiting,
+                left,
+            ) in states:
+                if over_type != "array":
+                    error = f"fan-out {node!r} needs a list from its upstream node, got {over_type}"
+                    changed += await self._discard(
+                        conn,
+                        step_id=step_id,
+                        run_id=run_id,
+                        error=error,
+                        kind="fan_out_input",
+                        finished=finished,
+                    )
+                    continue
+                room = waiting if parallel == 0 else min(waiting, parallel - active)
+                if room > 0:
+                    rows = await fetch_async(
+                        conn,
+                        Stmt(
+                            Q.steps_release_items, {"run_id": run_id, "node": node, "count": room}
+                        ),
+                    )
+                    woken.update(row[0] for row in rows)
+                    changed += 1
+                if left:
+                    continue
+                output = "null"
+                if max_bytes is not None:
+                    ((output,),) = await fetch_async(
+                        conn, Stmt(Q.steps_fan_out_collect, {"run_id": run_id, "node": node})
+                    )
+                    size = len(output.encode())
+                    if max_bytes and size > max_bytes:
+                        error = (
+                            f"fan-out {node!r} collected {size} bytes of output, "
+                            f"over its max_bytes of {max_bytes}"
+                        )
+                        changed += await self._discard(
+                            conn,
+                            step_id=step_id,
+                            run_id=run_id,
+                            error=error,
+                            kind="fan_out_too_large",
+                            finished=finished,
+                        )
+                        continue
+                item = f'[[{step_id},null,null,{output},"pending"]]'
+                done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
+                completed, ended, more = parse_completed([[], done])
+                finished |= ended
+                woken |= more
+                changed += len(completed)
+        self._announce(finished, woken)
+        return changed
+
+    async def _discard(
+        self, conn: Any, *, step_id: int, run_id: int, error: str, kind: str, finished: set[int]
+    ) -> int:
+        params = {"id": step_id, "error": error, "error_kind": kind}
+        if not await fetch_async(conn, Stmt(Q.steps_discard_fan_out, params)):
+            return 0
+        log.warning("step %d of run %d discarded: %s", step_id, run_id, error)
+        outcome = await fetch_async(
+            conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
+        )
+        if outcome and (outcome[0][0] or outcome[0][1]):
+            finished.add(run_id)
+        return 1

@@ -63,6 +63,11 @@ class Queries:
     steps_timers_due: LiteralString
     steps_signal_timeouts_due: LiteralString
     steps_discard_wait: LiteralString
+    steps_fan_outs_lock: LiteralString
+    steps_fan_outs_state: LiteralString
+    steps_release_items: LiteralString
+    steps_fan_out_collect: LiteralString
+    steps_discard_fan_out: LiteralString
     # runs.sql
     runs_lock: LiteralString
     runs_resolve_discard: LiteralString

@@ -27,11 +27,42 @@ FOR UPDATE;
 -- cancelled closure holds it ("result node cancelled"). A sibling still in its handler learns of a cancel at its next
 -- heartbeat; its late completion matches no row.
 WITH RECURSIVE discarded AS (
-    SELECT s.run_id, s.node
+    -- A discarded item task stands for its fan-out node (decisions.md, Fan-out items).
+    SELECT s.run_id, coalesce(s.item_of, s.node) AS node, s.item_of, s.node AS step_node,
+           s.error
     FROM cyclone_steps s
     WHERE s.id = %(step_id)s
       AND s.run_id = %(run_id)s
       AND s.state = 'discarded'
+), fan_out AS (
+    -- The first item discarded discards its fan-out node ...
+    UPDATE cyclone_steps f
+    SET state = 'discarded',
+        error = 'item ' || x.step_node || ' discarded: ' || coalesce(x.error, ''),
+        error_kind = 'item_discarded',
+        completed_at = now()
+    FROM discarded x
+    WHERE x.item_of IS NOT NULL
+      AND f.run_id = x.run_id
+      AND f.node = x.item_of
+      AND f.state = 'pending'
+    RETURNING f.id
+), items AS (
+    -- ... and cancels its other active items.
+    UPDATE cyclone_steps i
+    SET state = 'cancelled',
+        completed_at = now(),
+        lease_owner = NULL,
+        lease_expiry = NULL,
+        error = 'item ' || x.step_node || ' was discarded',
+        error_kind = 'item_discarded'
+    FROM discarded x
+    WHERE x.item_of IS NOT NULL
+      AND i.run_id = x.run_id
+      AND i.item_of = x.item_of
+      AND i.id <> %(step_id)s
+      AND i.state NOT IN ('completed', 'discarded', 'cancelled')
+    RETURNING i.id
 ), branch (node) AS (
     SELECT c.node
     FROM discarded x
@@ -84,6 +115,10 @@ WITH RECURSIVE discarded AS (
       AND s.id <> %(step_id)s
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
       AND (EXISTS (SELECT 1 FROM failed) OR s.node IN (SELECT node FROM branch))
+      AND NOT EXISTS (  -- the fan-out node and its items are settled above
+          SELECT 1 FROM discarded x
+          WHERE x.item_of IS NOT NULL
+            AND (s.node = x.item_of OR s.item_of = x.item_of))
     RETURNING s.id
 ), finished AS (
     UPDATE cyclone_runs r
@@ -99,7 +134,9 @@ WITH RECURSIVE discarded AS (
           FROM cyclone_steps o
           WHERE o.run_id = r.id
             AND o.state NOT IN ('completed', 'discarded', 'cancelled')
-            AND NOT EXISTS (SELECT 1 FROM cancelled c WHERE c.id = o.id))
+            AND o.id NOT IN (SELECT id FROM cancelled)
+            AND o.id NOT IN (SELECT id FROM fan_out)
+            AND o.id NOT IN (SELECT id FROM items))
     RETURNING r.id
 )
 SELECT (SELECT count(*) FROM failed) AS runs_failed,
@@ -115,21 +152,22 @@ SELECT (SELECT count(*) FROM failed) AS runs_failed,
 -- commit or roll back): then nothing is written and no row comes back. Foreign keys
 -- between the new rows are checked at the end of the statement, when all exist.
 WITH run AS (
-    INSERT INTO cyclone_runs (workflow, def_version, input, result_node, submit_key, deadline_at)
+    INSERT INTO cyclone_runs (
+        workflow, def_version, input, result_node, submit_key, deadline_at, has_fan_out)
     VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, %(result_node)s, %(submit_key)s,
-            now() + %(deadline_us)s::bigint * interval '1 microsecond')
+            now() + %(deadline_us)s::bigint * interval '1 microsecond', %(has_fan_out)s)
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
     RETURNING id
 ), steps AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
         timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
-        scheduled_at)
+        fan_out_parallel, fan_out_max_bytes, scheduled_at)
     SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
            n.max_attempts, n.timeout_us * interval '1 microsecond',
            n.retention_us * interval '1 microsecond', n.on_dep_failure,
            n.wait_for_us * interval '1 microsecond', n.signal_name, n.signal_names,
-           n.wait_count,
+           n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes,
            CASE WHEN n.state IN ('waiting_timer', 'waiting_signal')
                 THEN now() + coalesce(n.wait_for_us, 0) * interval '1 microsecond'
                 ELSE now() END
@@ -138,10 +176,11 @@ WITH run AS (
              node text, kind text, state text, input jsonb, input_from text, queue text,
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
              on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
-             wait_count integer)) WITH ORDINALITY AS n (
+             wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint))
+             WITH ORDINALITY AS n (
              node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
              retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
-             ord)
+             fan_out_parallel, fan_out_max_bytes, ord)
     ORDER BY n.ord
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)

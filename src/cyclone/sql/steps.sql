@@ -255,7 +255,10 @@ LEFT JOIN finished ON finished.id = done.run_id;
 -- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
 -- the wait scanner or a signal: the waiting state its CAS expects (owner and
 -- generation are null then). A wait node that is reached enters its waiting state
--- (waiting_timer, waiting_signal) with scheduled_at = now() + wait_for.
+-- (waiting_timer, waiting_signal) with scheduled_at = now() + wait_for. A reached
+-- fan-out node stays pending and gets its item tasks; "woken" carries '@fanout' when the
+-- fan-out scanner has work (a reached fan-out, a finished item) and '@signal' for a
+-- reached signal wait.
 -- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
 -- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
 -- counting the steps this statement completes (its snapshot does not show them yet).
@@ -284,7 +287,7 @@ WITH v AS (
             AND s.lease_owner = v.owner
             AND s.lease_generation = v.generation)
            OR (v.waiting IS NOT NULL AND s.state = v.waiting))
-    RETURNING s.id, s.run_id, s.node
+    RETURNING s.id, s.run_id, s.node, s.output, s.item_of
 ), ready AS (
     SELECT DISTINCT c.run_id, c.node
     FROM done
@@ -311,7 +314,37 @@ WITH v AS (
     WHERE s.run_id = ready.run_id
       AND s.node = ready.node
       AND s.state = 'pending'
+      AND s.fan_out_parallel IS NULL
     RETURNING s.queue, s.kind, s.state
+), fan_outs AS (
+    -- Reached fan-out nodes stay pending while their items run (idx_steps_fan_out).
+    SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
+           f.retention, f.fan_out_parallel, r.state AS run_state,
+           coalesce((SELECT d.output FROM done d
+                     WHERE d.run_id = f.run_id AND d.node = f.input_from),
+                    src.output) AS over
+    FROM ready
+    JOIN cyclone_steps f ON f.run_id = ready.run_id AND f.node = ready.node
+    JOIN cyclone_runs r ON r.id = f.run_id
+    JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
+    WHERE f.state = 'pending'
+      AND f.fan_out_parallel IS NOT NULL
+), expanded AS (
+    -- One item task per element of the upstream list, in the transaction that
+    -- completed the last dependency: the first fan_out_parallel runnable (0: all).
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
+        retention, item_of, item_index)
+    SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
+           CASE WHEN f.fan_out_parallel <> 0 AND e.ord > f.fan_out_parallel THEN 'pending'
+                WHEN f.run_state = 'paused' THEN 'paused'
+                ELSE 'available' END,
+           e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
+           (e.ord - 1)::integer
+    FROM fan_outs f,
+         jsonb_array_elements(CASE WHEN jsonb_typeof(f.over) = 'array' THEN f.over
+                                   ELSE '[]'::jsonb END) WITH ORDINALITY AS e (value, ord)
+    RETURNING queue, state
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
@@ -328,8 +361,15 @@ WITH v AS (
     RETURNING r.id
 )
 SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
-       (SELECT array_agg(DISTINCT CASE WHEN kind = '@signal' THEN '@signal' ELSE queue END)
-        FROM advanced WHERE state IN ('available', 'waiting_signal')) AS woken
+       (SELECT array_agg(DISTINCT q) FROM (
+            SELECT CASE WHEN kind = '@signal' THEN '@signal' ELSE queue END
+            FROM advanced WHERE state IN ('available', 'waiting_signal')
+            UNION ALL
+            SELECT queue FROM expanded WHERE state = 'available'
+            UNION ALL
+            SELECT '@fanout' FROM fan_outs
+            UNION ALL
+            SELECT '@fanout' FROM done WHERE item_of IS NOT NULL) AS w (q)) AS woken
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
 
@@ -555,4 +595,90 @@ WHERE id = %(id)s
   AND state = 'waiting_signal'
   AND wait_for IS NOT NULL
   AND scheduled_at <= now()
+RETURNING id;
+
+
+-- name: steps_fan_outs_lock
+-- The fan-out scanner: lock (skipping those another transaction holds) running runs
+-- with a reached fan-out node (pending, every dependency completed; idx_steps_fan_out).
+SELECT r.id
+FROM cyclone_runs r
+WHERE r.id IN (
+    SELECT f.run_id
+    FROM cyclone_steps f
+    JOIN cyclone_runs fr ON fr.id = f.run_id
+    WHERE f.fan_out_parallel IS NOT NULL
+      AND f.state = 'pending'
+      AND fr.state = 'running'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_deps d
+          JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+          WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
+    ORDER BY f.id
+    LIMIT %(limit)s)
+  AND r.state = 'running'
+ORDER BY r.id
+FOR UPDATE SKIP LOCKED;
+
+
+-- name: steps_fan_outs_state
+-- The reached fan-out nodes of locked runs, with their items counted by state
+-- (idx_steps_items) and the kind of their upstream output.
+SELECT f.id, f.run_id, f.node, f.fan_out_parallel, f.fan_out_max_bytes,
+       jsonb_typeof(src.output) AS over_type,
+       (SELECT count(*) FROM cyclone_steps i
+        WHERE i.run_id = f.run_id AND i.item_of = f.node
+          AND i.state IN ('available', 'running')) AS active,
+       (SELECT count(*) FROM cyclone_steps i
+        WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state = 'pending') AS waiting,
+       (SELECT count(*) FROM cyclone_steps i
+        WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state <> 'completed')
+           AS unfinished
+FROM cyclone_steps f
+JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
+WHERE f.run_id = ANY(%(run_ids)s::bigint[])
+  AND f.fan_out_parallel IS NOT NULL
+  AND f.state = 'pending'
+  AND src.state = 'completed'
+  AND NOT EXISTS (
+      SELECT 1
+      FROM cyclone_deps d
+      JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+      WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed');
+
+
+-- name: steps_release_items
+-- Release up to %(count)s pending items of a fan-out node, in item order.
+UPDATE cyclone_steps s
+SET state = 'available'
+WHERE s.id IN (
+    SELECT i.id
+    FROM cyclone_steps i
+    WHERE i.run_id = %(run_id)s AND i.item_of = %(node)s AND i.state = 'pending'
+    ORDER BY i.item_index
+    LIMIT %(count)s)
+  AND s.state = 'pending'
+RETURNING s.queue;
+
+
+-- name: steps_fan_out_collect
+-- The items' outputs of a fan-out node in item order, and their size in bytes.
+SELECT coalesce(jsonb_agg(i.output ORDER BY i.item_index), '[]'::jsonb)::text AS output
+FROM cyclone_steps i
+WHERE i.run_id = %(run_id)s
+  AND i.item_of = %(node)s;
+
+
+-- name: steps_discard_fan_out
+-- A fan-out node that cannot complete (its input is not a list, or its collected output
+-- is over max_bytes) is discarded (CAS on pending); runs_resolve_discard follows.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    error = %(error)s,
+    error_kind = %(error_kind)s,
+    completed_at = now()
+WHERE id = %(id)s
+  AND state = 'pending'
+  AND fan_out_parallel IS NOT NULL
 RETURNING id;

@@ -1,0 +1,173 @@
+"""Fan-out over a list: item tasks, max_parallel, collection in item order, max_bytes,
+empty lists, item failures (issue: dynamic parts of a run)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+import cyclone
+from cyclone import RunState, StepState
+from tests.helpers import scalar
+
+
+@cyclone.step("fo_list")
+async def make_list(ctx: cyclone.Context, inp: Any) -> Any:
+    return inp
+
+
+@cyclone.step("fo_square")
+async def square(ctx: cyclone.Context, inp: int) -> int:
+    await asyncio.sleep(0.002)
+    return inp * inp
+
+
+@cyclone.action("fo_touch")
+async def touch(ctx: cyclone.Context, inp: Any) -> None:
+    return None
+
+
+@cyclone.step("fo_picky", max_attempts=1)
+async def picky(ctx: cyclone.Context, inp: int) -> int:
+    if inp == 3:
+        raise cyclone.Discard("three is bad")
+    await asyncio.sleep(0.01)
+    return inp
+
+
+@cyclone.step("fo_sum")
+async def total(ctx: cyclone.Context, inp: list[int]) -> int:
+    return sum(inp)
+
+
+ALL = [make_list, square, touch, picky, total]
+
+
+def client(dsn: str, *workflows: cyclone.Workflow, **options: Any) -> cyclone.Client:
+    options.setdefault("poll_interval", 0.1)
+    options.setdefault("lease_ttl", 5)
+    return cyclone.Client(dsn, workflows=workflows, handlers=ALL, **options)
+
+
+def squares(max_parallel: int, max_bytes: int = 0) -> cyclone.Workflow:
+    wf = cyclone.Workflow(f"squares_{max_parallel}_{max_bytes}")
+    source = wf.node("source", make_list)
+    items = wf.fan_out("sq", square, over=source, max_parallel=max_parallel, max_bytes=max_bytes)
+    wf.result(wf.node("sum", total, input_from=items))
+    return wf
+
+
+async def test_thousand_items_never_more_than_max_parallel_outputs_in_order(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = squares(10)
+    values = list(range(1000))
+    peak = 0
+    async with (
+        client(dsn, wf, queues={"default": 30}) as one,
+        client(dsn, wf, queues={"default": 30}),
+    ):
+        sub = await one.submit(wf, values)
+        waiting = asyncio.ensure_future(one.wait(sub, timeout=240))
+        while not waiting.done():  # sample the database while the items run
+            active = scalar(
+                db,
+                "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND item_of = 'sq'"
+                " AND state IN ('available', 'running')",
+                (sub.run_id,),
+            )
+            peak = max(peak, active)
+            await asyncio.sleep(0.005)
+        run = await waiting
+        steps = {s.node: s for s in await one.list_steps(sub)}
+    assert run.state == RunState.COMPLETED
+    assert run.result == sum(v * v for v in values)
+    assert steps["sq"].output == [v * v for v in values]  # collected in item order
+    assert 1 <= peak <= 10
+    items = db.execute(
+        "SELECT node, item_of, item_index, input FROM cyclone_steps"
+        " WHERE run_id = %s AND item_of IS NOT NULL ORDER BY item_index",
+        (sub.run_id,),
+    ).fetchall()
+    assert len(items) == 1000
+    assert items[7] == ("sq[7]", "sq", 7, 7)
+    assert scalar(db, "SELECT has_fan_out FROM cyclone_runs WHERE id = %s", (sub.run_id,))
+
+
+async def test_empty_list_completes_at_once_and_actions_collect_nothing(dsn: str) -> None:
+    wf = squares(3)
+    act = cyclone.Workflow("touches")
+    src = act.node("source", make_list)
+    act.result(act.fan_out("each", touch, over=src))
+    async with client(dsn, wf, act) as c:
+        empty = await c.wait(await c.submit(wf, []), timeout=30)
+        touched = await c.submit(act, [1, 2, 3])
+        run = await c.wait(touched, timeout=30)
+        steps = await c.list_steps(touched)
+    assert empty.state == RunState.COMPLETED and empty.result == 0
+    assert run.state == RunState.COMPLETED and run.result is None
+    assert sorted(s.node for s in steps) == ["each", "each[0]", "each[1]", "each[2]", "source"]
+
+
+async def test_max_bytes_exceeded_fails_the_node(dsn: str) -> None:
+    wf = squares(0, max_bytes=20)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(100)))
+        run = await c.wait(sub, timeout=60)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED
+    assert steps["sq"].state == StepState.DISCARDED
+    assert steps["sq"].error_kind == "fan_out_too_large"
+    assert "over its max_bytes of 20" in (run.error or "")
+
+
+async def test_not_a_list_fails_the_node(dsn: str) -> None:
+    wf = squares(2)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, {"not": "a list"})
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED and steps["sq"].error_kind == "fan_out_input"
+
+
+@pytest.mark.parametrize("policy", ["fail_run", "cancel_branch"])
+async def test_a_discarded_item_discards_the_node_and_cancels_the_rest(
+    dsn: str, policy: str
+) -> None:
+    wf = cyclone.Workflow(f"picky_{policy}")
+    source = wf.node("source", make_list)
+    items = wf.fan_out("pick", picky, over=source, max_parallel=2)
+    wf.node("after", total, input_from=items, on_dep_failure=policy)  # type: ignore[arg-type]
+    wf.node("other", make_list)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(10)))
+        run = await c.wait(sub, timeout=60)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert steps["pick[3]"].state == StepState.DISCARDED
+    assert steps["pick"].state == StepState.DISCARDED
+    assert steps["pick"].error_kind == "item_discarded"
+    assert steps["pick[9]"].state == StepState.CANCELLED
+    assert steps["after"].state == StepState.CANCELLED
+    if policy == "fail_run":
+        assert run.state == RunState.FAILED
+        assert run.error == "item pick[3] discarded: Discard: three is bad"
+    else:
+        assert run.state == RunState.COMPLETED
+
+
+def test_fan_out_definitions_are_validated() -> None:
+    wf = cyclone.Workflow("bad_fan_outs")
+    src = wf.node("src", make_list)
+    for kwargs, message in [
+        ({"max_parallel": -1}, "max_parallel"),
+        ({"max_bytes": "big"}, "max_bytes"),
+        ({"max_parallel": True}, "max_parallel"),
+    ]:
+        with pytest.raises(cyclone.WorkflowError, match=message):
+            wf.fan_out("f", square, over=src, **kwargs)
+    wf.fan_out("g", square, over="ghost")
+    with pytest.raises(cyclone.WorkflowError, match="unknown node 'ghost'"):
+        wf.validate()
