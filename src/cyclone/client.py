@@ -377,6 +377,7 @@ class Client:
             self._publisher,
             interval=self.poll_interval,
             wake=self._worker.announce_available,
+            definitions=self.config.definitions,
         )
         self.wait_scanner = waits
         self._worker.on_wait = waits.kick

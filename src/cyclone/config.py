@@ -77,6 +77,10 @@ class ClientConfig:
         for wf in workflow_list:
             if not isinstance(wf, Workflow):
                 raise ValidationError(f"workflows must be cyclone.Workflow objects, got {wf!r}")
+        for wf in workflow_list:  # child workflows run here too (appended while iterating)
+            for child in wf.children():
+                if all(child is not known for known in workflow_list):
+                    workflow_list.append(child)
         node_handlers = [
             handler
             for wf in workflow_list
@@ -106,8 +110,11 @@ class ClientConfig:
         """Registered workflow name -> the def_versions this client runs."""
         self.workflow_queues: set[str] = set()
         """The queues of every node of the registered workflows."""
+        self.definitions: dict[str, CompiledWorkflow] = {}
+        """Registered workflows (children included) by def_version."""
         for wf in workflow_list:
             compiled = self.compile(wf)
+            self.definitions[compiled.def_version] = compiled
             self.workflow_queues.update(compiled.all_queues)
             versions = self.workflows.setdefault(wf.name, [])
             if compiled.def_version not in versions:

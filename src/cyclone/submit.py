@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
@@ -74,6 +74,8 @@ class CompiledWorkflow:
     queues: frozenset[str]
     all_queues: frozenset[str]
     has_fan_out: bool = False
+    children: Mapping[str, CompiledWorkflow] = field(default_factory=dict)
+    """Child node id -> the compiled workflow it starts."""
 
 
 def compile_workflow(
@@ -120,6 +122,8 @@ def compile_workflow(
                 "wait_count": spec.wait_count,
                 "fan_out_parallel": spec.fan_out_parallel,
                 "fan_out_max_bytes": spec.fan_out_max_bytes,
+                "child_workflow": spec.child.name if spec.child is not None else None,
+                "child_needs_result": spec.child_needs_result,
             }
         )
         deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())
@@ -134,7 +138,13 @@ def compile_workflow(
             f"inputs, over the {MAX_GRAPH_CHARS} a submit can carry; pass large inputs as "
             "the run input or through upstream outputs"
         )
+    children = {
+        spec.id: compile_workflow(spec.child, registry, default_retention)
+        for spec in wf.nodes.values()
+        if spec.child is not None
+    }
     return CompiledWorkflow(
+        children=children,
         has_fan_out=any(spec.fan_out_parallel is not None for spec in wf.nodes.values()),
         name=wf.name,
         def_version=wf.def_version,
@@ -147,7 +157,11 @@ def compile_workflow(
     )
 
 
-_READY_STATE = {"@sleep": "waiting_timer", "@signal": "waiting_signal"}
+_READY_STATE = {
+    "@sleep": "waiting_timer",
+    "@signal": "waiting_signal",
+    "@child": "waiting_child",
+}
 """The state a wait node enters when it is reached (a handler node: available)."""
 
 
@@ -182,6 +196,7 @@ class SubmitRequest:
         *,
         submit_key: str | None = None,
         deadline: Duration | None = None,
+        parent: tuple[int, str] | None = None,
     ) -> SubmitRequest:
         """Validate the run input and options.
 
@@ -198,6 +213,8 @@ class SubmitRequest:
             "input": encoded,
             "result_node": compiled.result_node,
             "has_fan_out": compiled.has_fan_out,
+            "parent_run_id": parent[0] if parent else None,
+            "parent_node_id": parent[1] if parent else None,
             "submit_key": submit_key,
             "deadline_us": micros(limit),
             "nodes": compiled.nodes,

@@ -89,6 +89,8 @@ class NodeSpec:
     wait_count: int | None = None
     fan_out_parallel: int | None = None
     fan_out_max_bytes: int | None = None
+    child: Workflow | None = None
+    child_needs_result: bool | None = None
 
     @property
     def deps(self) -> dict[str, str]:
@@ -307,6 +309,75 @@ class Workflow:
             fan_out_max_bytes=max_bytes if has_output else None,
         )
         return node
+
+    def child(
+        self,
+        id: str,
+        workflow: Workflow,
+        *,
+        needs_result: bool = True,
+        after: Iterable[NodeRef] = (),
+        input_from: NodeRef | None = None,
+        inputs: Sequence[NodeRef] | None = None,
+        assembly: Assembly = "tuple",
+        input: Any = None,
+        on_dep_failure: DepPolicy = "fail_run",
+    ) -> Node:
+        """Declare a child node: when reached it starts a run of ``workflow`` (its input
+        is the node's input) and waits in ``waiting_child``; it completes with the
+        child run's result, or is discarded when the child run fails or is cancelled.
+
+        With ``needs_result`` (default) the child workflow must declare a result.
+        Cancelling the parent run cancels its child runs. A client that runs the parent
+        workflow knows the child's definition from it.
+
+        Raises:
+            WorkflowError: as :meth:`node`; ``workflow`` is not a Workflow, is this
+                workflow, or has no result while ``needs_result`` is true.
+        """
+        if not isinstance(workflow, Workflow):
+            raise WorkflowError(f"child {id!r}: expected a cyclone.Workflow, got {workflow!r}")
+        if workflow is self or workflow.name == self.name:
+            raise WorkflowError(f"child {id!r}: a workflow cannot be its own child")
+        if needs_result and workflow.result_node is None:
+            raise WorkflowError(
+                f"child {id!r}: workflow {workflow.name!r} declares no result "
+                "(call its .result(node), or pass needs_result=False)"
+            )
+        node_id, where = self._new_id(id)
+        after_ids = self._after(after, where)
+        source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
+        sources = tuple(self._ref(ref, f"inputs of {where}") for ref in inputs or ())
+        if node_id in (*after_ids, source, *sources):
+            raise WorkflowError(f"{where} depends on itself")
+        constant = None
+        if input is not None:
+            try:
+                constant = encode_json(PLAIN.encode(input), f"input of {where}")
+            except ValidationError as exc:
+                raise WorkflowError(str(exc)) from None
+        if on_dep_failure not in _POLICIES:
+            raise WorkflowError(f"{where}: on_dep_failure must be 'fail_run' or 'cancel_branch'")
+        return self._add(
+            NodeSpec(
+                id=node_id,
+                kind="@child",
+                handler=None,
+                after=after_ids,
+                input_from=source,
+                inputs=sources,
+                assembly=assembly,
+                input=constant,
+                overrides={},
+                on_dep_failure=on_dep_failure,
+                child=workflow,
+                child_needs_result=bool(needs_result),
+            )
+        )
+
+    def children(self) -> list[Workflow]:
+        """The workflows its child nodes start (directly)."""
+        return [spec.child for spec in self._nodes.values() if spec.child is not None]
 
     def sleep(self, id: str, duration: Duration, *, after: Iterable[NodeRef] = ()) -> Node:
         """Declare a durable timer: the node waits ``duration`` (``timedelta`` or seconds)
@@ -578,6 +649,8 @@ def _wait_shape(spec: NodeSpec) -> list[Any]:
     """The fingerprinted shape of a wait or fan-out node (nothing for a plain node)."""
     if spec.fan_out_parallel is not None:
         return ["fan_out"]
+    if spec.child is not None:
+        return ["child", spec.child.name, spec.child.def_version, spec.child_needs_result]
     if not spec.kind.startswith("@"):
         return []
     return [spec.wait_for, spec.signal_name, list(spec.signal_names or ()), spec.wait_count]

@@ -14,7 +14,11 @@ on every step it changes:
 * runs past ``deadline_at`` (idx_runs_deadline) fail, their active steps cancelled;
 * reached fan-out nodes (idx_steps_fan_out): pending items are released up to
   ``max_parallel``; a node whose items all completed completes with their outputs in
-  item order (or is discarded when over ``max_bytes``, or when its input is not a list).
+  item order (or is discarded when over ``max_bytes``, or when its input is not a list);
+* reached child nodes (``waiting_child``) start their child run (a client that knows the
+  parent's definition does it, in the transaction that holds the parent run's lock,
+  so one child run per node); a child node whose child run finished completes with
+  the child's result, or is discarded when the child failed or was cancelled.
 
 The scanner runs every ``interval`` seconds, and at once when kicked (a worker saw a
 signal wait reached).
@@ -25,19 +29,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, fetch_async, run_plan_async
+from cyclone.inputs import InputError, assemble, needed, parse_bindings
 from cyclone.notify import Publisher
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
+from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
 from cyclone.transitions import parse_completed
 
-__all__ = ["FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
+__all__ = ["CHILD_MARK", "FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
 
 log = logging.getLogger("cyclone.waits")
 
@@ -45,7 +51,9 @@ WAIT_MARK = "@signal"
 """What an advance reports among its woken queues when it reached a signal wait."""
 FAN_OUT_MARK = "@fanout"
 """What an advance reports when it reached a fan-out node or finished an item task."""
-MARKS = frozenset({WAIT_MARK, FAN_OUT_MARK})
+CHILD_MARK = "@child"
+"""What an advance reports when it reached a child node."""
+MARKS = frozenset({WAIT_MARK, FAN_OUT_MARK, CHILD_MARK})
 """Markers among woken queues that ask the scanner for a pass (never real queues)."""
 
 
@@ -58,6 +66,7 @@ class ScanResult:
     signalled: int = 0
     deadlines: int = 0
     fan_outs: int = 0
+    children: int = 0
 
 
 class WaitScanner:
@@ -70,8 +79,10 @@ class WaitScanner:
         *,
         interval: float,
         wake: Callable[[set[str]], None],
+        definitions: Mapping[str, CompiledWorkflow] | None = None,
         batch: int = 200,
     ) -> None:
+        self._definitions = definitions or {}
         self._pool = pool
         self._publisher = publisher
         self._wake = wake
@@ -110,6 +121,7 @@ class WaitScanner:
             signalled=signalled,
             deadlines=await self._deadlines(),
             fan_outs=await self._fan_outs(),
+            children=await self._children(),
         )
 
     def _announce(
@@ -252,6 +264,71 @@ class WaitScanner:
     ) -> int:
         params = {"id": step_id, "error": error, "error_kind": kind}
         if not await fetch_async(conn, Stmt(Q.steps_discard_fan_out, params)):
+            return 0
+        log.warning("step %d of run %d discarded: %s", step_id, run_id, error)
+        outcome = await fetch_async(
+            conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
+        )
+        if outcome and (outcome[0][0] or outcome[0][1]):
+            finished.add(run_id)
+        return 1
+
+    async def _children(self) -> int:
+        changed = 0
+        finished: set[int] = set()
+        woken: set[str] = set()
+        async with self._pool.connection() as conn, conn.transaction():
+            rows = await fetch_async(conn, Stmt(Q.steps_children_to_start, {"limit": self._batch}))
+            for step_id, run_id, node, def_version, stored, input_from, raw in rows:
+                parent = self._definitions.get(def_version)
+                child = parent.children.get(node) if parent is not None else None
+                if child is None:
+                    continue  # a client that has the parent's definition starts it
+                bindings = parse_bindings(raw)
+                value = stored
+                if input_from is not None or bindings:
+                    keys = needed(run_id, input_from, bindings)
+                    params = {"run_ids": [k[0] for k in keys], "nodes": [k[1] for k in keys]}
+                    found = await fetch_async(conn, Stmt(Q.steps_outputs, params))
+                    try:
+                        value = assemble(
+                            run_id, input_from, bindings, {(r, n): t for r, n, t in found}
+                        )
+                    except InputError as exc:
+                        changed += await self._discard_child(
+                            conn, step_id=step_id, run_id=run_id, error=str(exc), finished=finished
+                        )
+                        continue
+                request = SubmitRequest.build(child, value, parent=(run_id, node))
+                sub = await run_plan_async(conn, submit_plan(request))
+                log.info("run %d node %r started child run %d", run_id, node, sub.run_id)
+                woken |= child.queues
+                changed += 1
+        async with self._pool.connection() as conn, conn.transaction():
+            done = await fetch_async(conn, Stmt(Q.steps_children_done, {"limit": self._batch}))
+            for step_id, run_id, _node, needs_result, child_id, state, result, error in done:
+                if state == "completed":
+                    output = result if needs_result and result is not None else "null"
+                    item = f'[[{step_id},null,null,{output},"waiting_child"]]'
+                    rows = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
+                    completed, ended, more = parse_completed([[], rows])
+                    finished |= ended
+                    woken |= more
+                    changed += len(completed)
+                else:
+                    why = f"child run {child_id} {state}" + (f": {error}" if error else "")
+                    changed += await self._discard_child(
+                        conn, step_id=step_id, run_id=run_id, error=why, finished=finished
+                    )
+        self._announce(finished, woken)
+        return changed
+
+    async def _discard_child(
+        self, conn: Any, *, step_id: int, run_id: int, error: str, finished: set[int]
+    ) -> int:
+        if not await fetch_async(
+            conn, Stmt(Q.steps_discard_child, {"id": step_id, "error": error})
+        ):
             return 0
         log.warning("step %d of run %d discarded: %s", step_id, run_id, error)
         outcome = await fetch_async(

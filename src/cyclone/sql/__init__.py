@@ -68,6 +68,9 @@ class Queries:
     steps_release_items: LiteralString
     steps_fan_out_collect: LiteralString
     steps_discard_fan_out: LiteralString
+    steps_children_to_start: LiteralString
+    steps_children_done: LiteralString
+    steps_discard_child: LiteralString
     # runs.sql
     runs_lock: LiteralString
     runs_resolve_discard: LiteralString

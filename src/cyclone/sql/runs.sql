@@ -153,21 +153,24 @@ SELECT (SELECT count(*) FROM failed) AS runs_failed,
 -- between the new rows are checked at the end of the statement, when all exist.
 WITH run AS (
     INSERT INTO cyclone_runs (
-        workflow, def_version, input, result_node, submit_key, deadline_at, has_fan_out)
+        workflow, def_version, input, result_node, submit_key, deadline_at, has_fan_out,
+        parent_run_id, parent_node_id)
     VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, %(result_node)s, %(submit_key)s,
-            now() + %(deadline_us)s::bigint * interval '1 microsecond', %(has_fan_out)s)
+            now() + %(deadline_us)s::bigint * interval '1 microsecond', %(has_fan_out)s,
+            %(parent_run_id)s, %(parent_node_id)s)
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
     RETURNING id
 ), steps AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
         timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
-        fan_out_parallel, fan_out_max_bytes, scheduled_at)
+        fan_out_parallel, fan_out_max_bytes, child_workflow, child_needs_result, scheduled_at)
     SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
            n.max_attempts, n.timeout_us * interval '1 microsecond',
            n.retention_us * interval '1 microsecond', n.on_dep_failure,
            n.wait_for_us * interval '1 microsecond', n.signal_name, n.signal_names,
-           n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes,
+           n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes, n.child_workflow,
+           n.child_needs_result,
            CASE WHEN n.state IN ('waiting_timer', 'waiting_signal')
                 THEN now() + coalesce(n.wait_for_us, 0) * interval '1 microsecond'
                 ELSE now() END
@@ -176,11 +179,12 @@ WITH run AS (
              node text, kind text, state text, input jsonb, input_from text, queue text,
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
              on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
-             wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint))
+             wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint,
+             child_workflow text, child_needs_result boolean))
              WITH ORDINALITY AS n (
              node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
              retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
-             fan_out_parallel, fan_out_max_bytes, ord)
+             fan_out_parallel, fan_out_max_bytes, child_workflow, child_needs_result, ord)
     ORDER BY n.ord
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
@@ -205,14 +209,21 @@ WHERE workflow = %(workflow)s
 
 
 -- name: runs_cancel
--- Cancel a run that is not finished, and every one of its active steps (a second
--- UPDATE). Runs after runs_lock. No row back: the run is already terminal or absent.
-WITH cancelled_run AS (
+-- Cancel a run that is not finished, every one of its active steps (a second UPDATE),
+-- and, the same way, every unfinished run below it (its child runs, theirs, ...). Runs
+-- after runs_lock of the run. No row back: the run is already terminal or absent.
+WITH RECURSIVE tree (id) AS (
+    SELECT %(run_id)s::bigint
+    UNION
+    SELECT c.id
+    FROM cyclone_runs c
+    JOIN tree t ON c.parent_run_id = t.id
+), cancelled_run AS (
     UPDATE cyclone_runs
     SET state = 'cancelled',
         finished_at = now(),
         updated_at = now()
-    WHERE id = %(run_id)s
+    WHERE id IN (SELECT id FROM tree)
       AND state IN ('running', 'paused')
     RETURNING id
 ), cancelled_steps AS (
@@ -227,7 +238,8 @@ WITH cancelled_run AS (
     RETURNING s.id
 )
 SELECT cancelled_run.id AS run_id, (SELECT count(*) FROM cancelled_steps) AS steps_cancelled
-FROM cancelled_run;
+FROM cancelled_run
+WHERE cancelled_run.id = %(run_id)s;
 
 
 -- name: runs_get
@@ -382,6 +394,7 @@ WITH run AS (
                 THEN 'pending'
             WHEN s.kind = '@sleep' THEN 'waiting_timer'
             WHEN s.kind = '@signal' THEN 'waiting_signal'
+            WHEN s.kind = '@child' THEN 'waiting_child'
             ELSE 'available' END,
         scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal')
             THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
@@ -448,6 +461,7 @@ WITH RECURSIVE below (node) AS (
                 THEN 'pending'
             WHEN s.kind = '@sleep' THEN 'waiting_timer'
             WHEN s.kind = '@signal' THEN 'waiting_signal'
+            WHEN s.kind = '@child' THEN 'waiting_child'
             ELSE 'available' END,
         scheduled_at = now() + CASE WHEN s.kind IN ('@sleep', '@signal')
             THEN coalesce(s.wait_for, interval '0') ELSE interval '0' END,

@@ -306,6 +306,7 @@ WITH v AS (
             WHEN r.state = 'paused' THEN 'paused'
             WHEN s.kind = '@sleep' THEN 'waiting_timer'
             WHEN s.kind = '@signal' THEN 'waiting_signal'
+            WHEN s.kind = '@child' THEN 'waiting_child'
             ELSE 'available' END,
         scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal') AND r.state <> 'paused'
             THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
@@ -362,8 +363,8 @@ WITH v AS (
 )
 SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
        (SELECT array_agg(DISTINCT q) FROM (
-            SELECT CASE WHEN kind = '@signal' THEN '@signal' ELSE queue END
-            FROM advanced WHERE state IN ('available', 'waiting_signal')
+            SELECT CASE WHEN kind IN ('@signal', '@child') THEN kind ELSE queue END
+            FROM advanced WHERE state IN ('available', 'waiting_signal', 'waiting_child')
             UNION ALL
             SELECT queue FROM expanded WHERE state = 'available'
             UNION ALL
@@ -681,4 +682,58 @@ SET state = 'discarded',
 WHERE id = %(id)s
   AND state = 'pending'
   AND fan_out_parallel IS NOT NULL
+RETURNING id;
+
+
+-- name: steps_children_to_start
+-- The child scanner: child nodes reached (waiting_child, idx_steps_waiting_child) with
+-- no child run yet, in running runs locked with SKIP LOCKED; with what their input is
+-- made of (as steps_claim returns it).
+SELECT s.id, s.run_id, s.node, r.def_version, coalesce(s.input, r.input) AS input,
+       s.input_from,
+       (SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
+        FROM cyclone_step_inputs i
+        WHERE i.run_id = s.run_id AND i.node = s.node) AS bindings
+FROM cyclone_runs r
+JOIN cyclone_steps s ON s.run_id = r.id
+WHERE s.state = 'waiting_child'
+  AND r.state = 'running'
+  AND NOT EXISTS (
+      SELECT 1 FROM cyclone_runs c
+      WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
+ORDER BY s.id
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED;
+
+
+-- name: steps_children_done
+-- The child scanner: child nodes whose child run is finished (idx_runs_parent), in
+-- running runs locked with SKIP LOCKED, with the child's result and error.
+SELECT s.id, s.run_id, s.node, s.child_needs_result, c.id AS child_id, c.state,
+       (SELECT o.output::text FROM cyclone_steps o
+        WHERE o.run_id = c.id AND o.node = c.result_node) AS result,
+       (SELECT e.error FROM cyclone_steps e
+        WHERE e.run_id = c.id AND e.error IS NOT NULL AND e.state IN ('discarded', 'cancelled')
+        ORDER BY e.state DESC, e.completed_at, e.id LIMIT 1) AS error
+FROM cyclone_runs r
+JOIN cyclone_steps s ON s.run_id = r.id
+JOIN cyclone_runs c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
+WHERE s.state = 'waiting_child'
+  AND r.state = 'running'
+  AND c.state IN ('completed', 'failed', 'cancelled')
+ORDER BY s.id
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED;
+
+
+-- name: steps_discard_child
+-- A child node whose child run failed or was cancelled is discarded (CAS on
+-- waiting_child); runs_resolve_discard follows in the same transaction.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    error = %(error)s,
+    error_kind = 'child_failed',
+    completed_at = now()
+WHERE id = %(id)s
+  AND state = 'waiting_child'
 RETURNING id;

@@ -1,0 +1,125 @@
+"""Child workflows: the result flows to the parent, a failing child fails the parent per
+policy, cancelling the parent cancels its children (issue: dynamic parts of a run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+import cyclone
+from cyclone import RunState, StepState
+from tests.helpers import apoll_until, scalar
+
+
+@cyclone.step("ch_double")
+async def double(ctx: cyclone.Context, inp: int) -> int:
+    return inp * 2
+
+
+@cyclone.step("ch_fail", max_attempts=1)
+async def fail(ctx: cyclone.Context, inp: Any) -> int:
+    raise cyclone.Discard("child gives up")
+
+
+def invoice() -> cyclone.Workflow:
+    wf = cyclone.Workflow("invoice")
+    wf.result(wf.node("total", double))
+    return wf
+
+
+def failing() -> cyclone.Workflow:
+    wf = cyclone.Workflow("failing_child")
+    wf.result(wf.node("boom", fail))
+    return wf
+
+
+def client(dsn: str, *workflows: cyclone.Workflow) -> cyclone.Client:
+    return cyclone.Client(
+        dsn, workflows=workflows, handlers=[double, fail], poll_interval=0.05, lease_ttl=5
+    )
+
+
+async def test_child_result_flows_into_the_parent(dsn: str, db: psycopg.Connection[Any]) -> None:
+    parent = cyclone.Workflow("order")
+    start = parent.node("start", double)
+    inv = parent.child("invoice", invoice(), input_from=start)
+    parent.result(parent.node("after", double, input_from=inv))
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, 5)
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.COMPLETED and run.result == 40  # ((5*2)*2)*2
+    assert steps["invoice"].state == StepState.COMPLETED and steps["invoice"].output == 20
+    child = db.execute(
+        "SELECT id, workflow, state, input, parent_node_id FROM cyclone_runs"
+        " WHERE parent_run_id = %s",
+        (sub.run_id,),
+    ).fetchall()
+    assert len(child) == 1 and child[0][1:] == ("invoice", "completed", 10, "invoice")
+    view = db.execute(
+        "SELECT parent_run_id, parent_node_id FROM cyclone_v_runs WHERE id = %s", (child[0][0],)
+    ).fetchone()
+    assert view == (sub.run_id, "invoice")
+
+
+@pytest.mark.parametrize("policy", ["fail_run", "cancel_branch"])
+async def test_a_failing_child_fails_the_parent_per_policy(dsn: str, policy: str) -> None:
+    parent = cyclone.Workflow(f"parent_{policy}")
+    kid = parent.child("kid", failing())
+    parent.node("after", double, input_from=kid, on_dep_failure=policy)  # type: ignore[arg-type]
+    parent.node("side", double, input=1)
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, 1)
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert steps["kid"].state == StepState.DISCARDED
+    assert steps["kid"].error_kind == "child_failed"
+    assert "Discard: child gives up" in (steps["kid"].error or "")
+    if policy == "fail_run":
+        assert run.state == RunState.FAILED and "child run" in (run.error or "")
+    else:
+        assert run.state == RunState.COMPLETED
+
+
+async def test_cancelling_the_parent_cancels_its_children(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    waiting = cyclone.Workflow("waits_forever")
+    waiting.wait_signal("never")
+    parent = cyclone.Workflow("parent_of_waiter")
+    parent.child("kid", waiting, needs_result=False)
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, None)
+        await apoll_until(lambda: _child(db, sub.run_id), what="the child run to start")
+        await c.cancel(sub)
+        run = await c.wait(sub, timeout=30)
+    child_id = _child_sync(db, sub.run_id)
+    assert run.state == RunState.CANCELLED
+    assert scalar(db, "SELECT state FROM cyclone_runs WHERE id = %s", (child_id,)) == "cancelled"
+    assert (
+        scalar(db, "SELECT state FROM cyclone_steps WHERE run_id = %s", (child_id,)) == "cancelled"
+    )
+
+
+async def _child(db: psycopg.Connection[Any], run_id: int) -> bool:
+    return _child_sync(db, run_id) is not None
+
+
+def _child_sync(db: psycopg.Connection[Any], run_id: int) -> Any:
+    return scalar(db, "SELECT id FROM cyclone_runs WHERE parent_run_id = %s", (run_id,))
+
+
+def test_child_definitions_are_validated() -> None:
+    no_result = cyclone.Workflow("no_result")
+    no_result.node("x", double)
+    parent = cyclone.Workflow("p")
+    with pytest.raises(cyclone.WorkflowError, match="declares no result"):
+        parent.child("c", no_result)
+    with pytest.raises(cyclone.WorkflowError, match="its own child"):
+        parent.child("c", parent, needs_result=False)
+    with pytest.raises(cyclone.WorkflowError, match=r"expected a cyclone\.Workflow"):
+        parent.child("c", "invoice")  # type: ignore[arg-type]
+    parent.child("ok", no_result, needs_result=False)
+    assert parent.children() == [no_result]
