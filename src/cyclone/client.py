@@ -72,8 +72,7 @@ from cyclone.transitions import (
     cancel_stmts,
     pause_stmts,
     resume_stmts,
-    retry_outcome,
-    retry_stmts,
+    retry_plan,
 )
 from cyclone.worker import Worker, WorkerSettings
 from cyclone.workflow import Workflow
@@ -794,7 +793,8 @@ class Client:
 
         Each reset step has ``attempt`` and ``reclaims`` at 0 and no error; it is
         claimable again when its parents all completed, else pending. The run returns to
-        ``running``; its deadline is cleared unless ``deadline`` (from now) is given.
+        ``running``; its deadline is cleared unless ``deadline`` (from now) is given. A
+        reset child node reopens its child run (retried the same way).
 
         Returns:
             The number of steps reset.
@@ -809,8 +809,9 @@ class Client:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
         run_id = run_id_of(run)
-        rows = await self._control_rows(run_id, retry_stmts(run_id, node, limit))
-        reset, woken = retry_outcome(run_id, node, rows[0])
+        await self._open()
+        async with self._engine_pool.connection() as conn, conn.transaction():
+            reset, woken, _ = await run_plan_async(conn, retry_plan(run_id, node, limit))
         self._announce_woken(woken)
         return reset
 

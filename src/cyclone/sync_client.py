@@ -51,8 +51,7 @@ from cyclone.transitions import (
     cancel_stmts,
     pause_stmts,
     resume_stmts,
-    retry_outcome,
-    retry_stmts,
+    retry_plan,
 )
 from cyclone.workflow import Workflow
 
@@ -439,8 +438,13 @@ class SyncClient:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
         run_id = run_id_of(run)
-        rows = self._control_rows(run_id, retry_stmts(run_id, node, limit))
-        return retry_outcome(run_id, node, rows[0])[0]
+        with self._connection() as conn:
+            if not conn.autocommit:
+                conn.commit()
+            with conn.transaction():
+                reset, woken, _ = run_plan_sync(conn, retry_plan(run_id, node, limit))
+            self._publish(conn, woken - MARKS, ())
+        return reset
 
     def _control(
         self, run_id: int, stmts: Callable[[int], list[Stmt]], done: str, needed: str

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Rows, Stmt, int_array
+from cyclone.dbio import Plan, Rows, Stmt, int_array
 from cyclone.errors import Discard, NotFoundError, StateError, ValidationError
 from cyclone.inputs import parse_bindings
 from cyclone.options import micros
@@ -39,6 +39,7 @@ __all__ = [
     "release_stmt",
     "resume_stmts",
     "retry_outcome",
+    "retry_plan",
     "retry_stmts",
     "sequence_recheck_stmts",
 ]
@@ -389,7 +390,7 @@ def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[
         StateError: the run is paused, a discarded step would stay behind, or there is
             nothing to retry.
     """
-    reset, woken, run_state, blocked, node_found = row
+    reset, woken, run_state, blocked, node_found, _ = row
     if run_state is None:
         raise NotFoundError(f"run {run_id} does not exist")
     if not node_found:
@@ -404,3 +405,31 @@ def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[
     if not reset:
         raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
     return int(reset), set(woken or ())
+
+
+def retry_plan(
+    run_id: int, node: str | None, deadline: float | None
+) -> Plan[tuple[int, set[str], list[int]]]:
+    """Operator retry in the current transaction, child runs included: a reset child
+    node reopens its existing child run (decisions.md, Operator retry).
+
+    Returns the steps reset, the queues to wake, and every run reopened.
+
+    Raises:
+        NotFoundError, ValidationError, StateError: see :func:`retry_outcome`.
+    """
+    yield Stmt(Q.runs_read_committed)
+    results: list[Rows] = []
+    for stmt in retry_stmts(run_id, node, deadline):
+        results.append((yield stmt))
+    row = results[-1][0]
+    reset, woken = retry_outcome(run_id, node, row)
+    runs = [run_id]
+    for child in row[5] or ():
+        for stmt in retry_stmts(child, None, None):
+            child_rows = yield stmt
+        if child_rows and child_rows[0][0]:  # a child with nothing to retry is left alone
+            reset += int(child_rows[0][0])
+            woken |= set(child_rows[0][1] or ())
+            runs.append(child)
+    return reset, woken, runs

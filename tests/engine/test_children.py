@@ -123,3 +123,54 @@ def test_child_definitions_are_validated() -> None:
         parent.child("c", "invoice")  # type: ignore[arg-type]
     parent.child("ok", no_result, needs_result=False)
     assert parent.children() == [no_result]
+
+
+FIXED = [False]
+
+
+@cyclone.step("ch_flaky", max_attempts=1)
+async def flaky(ctx: cyclone.Context, inp: Any) -> str:
+    if not FIXED[0]:
+        raise cyclone.Discard("not yet")
+    return "fixed"
+
+
+async def test_retry_of_a_child_node_reopens_its_child_run(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    FIXED[0] = False
+    kid = cyclone.Workflow("flaky_child")
+    kid.result(kid.node("try", flaky))
+    parent = cyclone.Workflow("retrying_parent")
+    parent.result(parent.child("kid", kid))
+    async with cyclone.Client(
+        dsn, workflows=[parent], handlers=[flaky], poll_interval=0.05, lease_ttl=5
+    ) as c:
+        sub = await c.submit(parent, None)
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        child_id = _child_sync(db, sub.run_id)
+        FIXED[0] = True
+        assert await c.retry(sub) == 2  # the child node and the child run's step
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result == "fixed"
+    assert _child_sync(db, sub.run_id) == child_id  # the same child run, reopened
+
+
+async def test_a_parent_that_fails_cancels_its_running_child(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    waiting = cyclone.Workflow("waits_too")
+    waiting.wait_signal("never")
+    parent = cyclone.Workflow("failing_parent")
+    parent.child("kid", waiting, needs_result=False)
+    parent.node("bad", fail, after=[parent.wait_signal("go")])
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, None)
+        await apoll_until(lambda: _child(db, sub.run_id), what="the child run to start")
+        assert await c.signal(sub, "go")  # now the parent fails fast
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        await apoll_until(lambda: _child_state(db, sub.run_id, "cancelled"), what="the cascade")
+
+
+async def _child_state(db: psycopg.Connection[Any], run_id: int, state: str) -> bool:
+    return scalar(db, "SELECT state FROM cyclone_runs WHERE parent_run_id = %s", (run_id,)) == state

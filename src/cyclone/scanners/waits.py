@@ -35,13 +35,13 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, fetch_async, run_plan_async
+from cyclone.dbio import Stmt, batch_async, fetch_async, run_plan_async
 from cyclone.inputs import InputError, assemble, needed, parse_bindings
 from cyclone.notify import Publisher
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
-from cyclone.transitions import parse_completed
+from cyclone.transitions import cancel_stmts, parse_completed
 
 __all__ = ["CHILD_MARK", "FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
 
@@ -320,6 +320,16 @@ class WaitScanner:
                     changed += await self._discard_child(
                         conn, step_id=step_id, run_id=run_id, error=why, finished=finished
                     )
+        async with self._pool.connection() as conn:
+            orphans = await fetch_async(
+                conn, Stmt(Q.steps_orphaned_children, {"limit": self._batch})
+            )
+            for (child_id,) in orphans:
+                outcome = await batch_async(conn, cancel_stmts(child_id), transaction=True)
+                if outcome[-1]:
+                    log.info("child run %d cancelled: its parent node ended", child_id)
+                    finished.add(child_id)
+                    changed += 1
         self._announce(finished, woken)
         return changed
 

@@ -71,6 +71,7 @@ class Queries:
     steps_children_to_start: LiteralString
     steps_children_done: LiteralString
     steps_discard_child: LiteralString
+    steps_orphaned_children: LiteralString
     # runs.sql
     runs_lock: LiteralString
     runs_resolve_discard: LiteralString

@@ -418,7 +418,8 @@ FROM resumed;
 -- the rest pending. The run returns to running, its deadline_at cleared unless a new
 -- deadline is given (%(deadline_us)s from now). Nothing is reset when the run is paused
 -- (resume it first) or when a discarded step would stay behind (retry it too): a run
--- must not complete around a failure. Runs after runs_lock.
+-- must not complete around a failure. The child runs of reset child nodes come back
+-- (child_runs) to be retried in the same transaction. Runs after runs_lock.
 WITH RECURSIVE below (node) AS (
     SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
     UNION
@@ -479,7 +480,7 @@ WITH RECURSIVE below (node) AS (
     WHERE s.id = t.id
       AND run.state <> 'paused'
       AND NOT EXISTS (SELECT 1 FROM blocked)
-    RETURNING s.state, s.queue
+    RETURNING s.state, s.queue, s.node, s.kind
 ), reopened AS (
     UPDATE cyclone_runs r
     SET state = 'running',
@@ -498,7 +499,11 @@ SELECT (SELECT count(*) FROM reset) AS steps_reset,
        (SELECT array_agg(node ORDER BY node) FROM blocked) AS blocked,
        (%(node)s::text IS NULL OR EXISTS (
            SELECT 1 FROM cyclone_steps WHERE run_id = %(run_id)s AND node = %(node)s))
-           AS node_found;
+           AS node_found,
+       (SELECT array_agg(c.id ORDER BY c.id)
+        FROM reset
+        JOIN cyclone_runs c ON c.parent_run_id = %(run_id)s AND c.parent_node_id = reset.node
+        WHERE reset.kind = '@child') AS child_runs;
 
 
 -- name: runs_read_committed

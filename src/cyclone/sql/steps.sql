@@ -737,3 +737,15 @@ SET state = 'discarded',
 WHERE id = %(id)s
   AND state = 'waiting_child'
 RETURNING id;
+
+
+-- name: steps_orphaned_children
+-- Child runs still active whose parent node ended without completing (the parent failed
+-- fast, passed its deadline, or its branch was cancelled): the scanner cancels them.
+SELECT c.id
+FROM cyclone_runs c
+JOIN cyclone_steps s ON s.run_id = c.parent_run_id AND s.node = c.parent_node_id
+WHERE c.parent_run_id IS NOT NULL
+  AND c.state IN ('running', 'paused')
+  AND s.state IN ('cancelled', 'discarded')
+LIMIT %(limit)s;
