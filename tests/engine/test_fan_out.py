@@ -171,3 +171,61 @@ def test_fan_out_definitions_are_validated() -> None:
     wf.fan_out("g", square, over="ghost")
     with pytest.raises(cyclone.WorkflowError, match="unknown node 'ghost'"):
         wf.validate()
+
+
+async def test_pause_and_resume_keep_max_parallel(dsn: str, db: psycopg.Connection[Any]) -> None:
+    wf = squares(2)
+    peak = 0
+
+    def sample(run_id: int) -> int:
+        return scalar(
+            db,
+            "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND item_of = 'sq'"
+            " AND state IN ('available', 'running')",
+            (run_id,),
+        )
+
+    async with client(dsn, wf, queues={"default": 20}) as c:
+        sub = await c.submit(wf, list(range(40)))
+        while not scalar(
+            db,
+            "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND item_of IS NOT NULL",
+            (sub.run_id,),
+        ):
+            await asyncio.sleep(0.005)
+        await c.pause(sub)
+        assert sample(sub.run_id) <= 2
+        await c.resume(sub)
+        waiting = asyncio.ensure_future(c.wait(sub, timeout=60))
+        while not waiting.done():
+            peak = max(peak, sample(sub.run_id))
+            await asyncio.sleep(0.003)
+        run = await waiting
+    assert run.state == RunState.COMPLETED and run.result == sum(v * v for v in range(40))
+    assert peak <= 2
+
+
+FIXED = [False]
+
+
+@cyclone.step("fo_until_fixed", max_attempts=1)
+async def until_fixed(ctx: cyclone.Context, inp: int) -> int:
+    if inp == 2 and not FIXED[0]:
+        raise cyclone.Discard("two fails until fixed")
+    return inp
+
+
+async def test_retry_of_a_failed_fan_out_completes_it(dsn: str) -> None:
+    FIXED[0] = False
+    wf = cyclone.Workflow("retry_fan_out")
+    source = wf.node("source", make_list)
+    wf.result(wf.fan_out("each", until_fixed, over=source, max_parallel=2))
+    async with cyclone.Client(
+        dsn, workflows=[wf], handlers=ALL, poll_interval=0.05, lease_ttl=5
+    ) as c:
+        sub = await c.submit(wf, list(range(6)))
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        FIXED[0] = True
+        assert await c.retry(sub) >= 2
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result == list(range(6))

@@ -386,6 +386,8 @@ WITH run AS (
 ), restored AS (
     UPDATE cyclone_steps s
     SET state = CASE
+            -- item tasks and fan-out nodes: released / completed by the fan-out scanner
+            WHEN s.item_of IS NOT NULL OR s.fan_out_parallel IS NOT NULL THEN 'pending'
             WHEN EXISTS (
                 SELECT 1
                 FROM cyclone_deps d
@@ -454,6 +456,8 @@ WITH RECURSIVE below (node) AS (
 ), reset AS (
     UPDATE cyclone_steps s
     SET state = CASE
+            -- item tasks and fan-out nodes: released / completed by the fan-out scanner
+            WHEN s.item_of IS NOT NULL OR s.fan_out_parallel IS NOT NULL THEN 'pending'
             WHEN EXISTS (
                 SELECT 1
                 FROM cyclone_deps d
