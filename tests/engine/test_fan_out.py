@@ -229,3 +229,69 @@ async def test_retry_of_a_failed_fan_out_completes_it(dsn: str) -> None:
         assert await c.retry(sub) >= 2
         run = await c.wait(sub, timeout=30)
     assert run.state == RunState.COMPLETED and run.result == list(range(6))
+
+
+async def test_retry_of_one_item_or_the_fan_out_node(dsn: str) -> None:
+    FIXED[0] = False
+    wf = cyclone.Workflow("retry_item")
+    source = wf.node("source", make_list)
+    wf.result(wf.fan_out("each", until_fixed, over=source, max_parallel=2))
+    async with cyclone.Client(
+        dsn, workflows=[wf], handlers=ALL, poll_interval=0.05, lease_ttl=5
+    ) as c:
+        first = await c.submit(wf, list(range(4)))
+        second = await c.submit(wf, list(range(4)))
+        assert (await c.wait(first, timeout=30)).state == RunState.FAILED
+        assert (await c.wait(second, timeout=30)).state == RunState.FAILED
+        FIXED[0] = True
+        assert await c.retry(first, "each[2]") >= 2  # the item and its fan-out node
+        assert await c.retry(second, "each") >= 2
+        runs = [await c.wait(first, timeout=30), await c.wait(second, timeout=30)]
+    assert [r.result for r in runs] == [list(range(4)), list(range(4))]
+
+
+GATE: list[str] = [""]
+
+
+@cyclone.step("fo_gated", max_attempts=1)
+async def gated(ctx: cyclone.Context, inp: int) -> int:
+    while True:
+        async with await psycopg.AsyncConnection.connect(GATE[0], autocommit=True) as conn:
+            row = await (await conn.execute("SELECT 1 FROM gate")).fetchone()
+        if row:
+            break
+        await asyncio.sleep(0.02)
+    if inp == 1:
+        raise cyclone.Discard("one is bad")
+    return inp
+
+
+async def test_an_item_discarded_during_a_pause_discards_the_fan_out(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    db.execute("CREATE TABLE gate (open int)")
+    GATE[0] = dsn
+    wf = cyclone.Workflow("paused_items")
+    source = wf.node("source", make_list)
+    wf.result(wf.fan_out("each", gated, over=source))
+    async with cyclone.Client(
+        dsn, workflows=[wf], handlers=[*ALL, gated], poll_interval=0.05, lease_ttl=5
+    ) as c:
+        sub = await c.submit(wf, [0, 1, 2])
+        while (
+            scalar(
+                db,
+                "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND state = 'running'",
+                (sub.run_id,),
+            )
+            < 3
+        ):
+            await asyncio.sleep(0.01)
+        await c.pause(sub)
+        db.execute("INSERT INTO gate VALUES (1)")
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED
+    assert run.error == "item each[1] discarded: Discard: one is bad"
+    assert steps["each"].state == StepState.DISCARDED
+    assert steps["each"].error_kind == "item_discarded"

@@ -45,7 +45,7 @@ WITH RECURSIVE discarded AS (
     WHERE x.item_of IS NOT NULL
       AND f.run_id = x.run_id
       AND f.node = x.item_of
-      AND f.state = 'pending'
+      AND f.state IN ('pending', 'paused')
     RETURNING f.id
 ), items AS (
     -- ... and cancels its other active items.
@@ -422,14 +422,20 @@ FROM resumed;
 -- (resume it first) or when a discarded step would stay behind (retry it too): a run
 -- must not complete around a failure. The child runs of reset child nodes come back
 -- (child_runs) to be retried in the same transaction. Runs after runs_lock.
-WITH RECURSIVE below (node) AS (
+WITH RECURSIVE start (node) AS (
+    -- the node, and for an item task its fan-out node (items have no edges)
     SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
+    UNION
+    SELECT item_of FROM cyclone_steps
+    WHERE run_id = %(run_id)s AND node = %(node)s AND item_of IS NOT NULL
+), below (node) AS (
+    SELECT node FROM start
     UNION
     SELECT d.node
     FROM below b
     JOIN cyclone_deps d ON d.run_id = %(run_id)s AND d.dep_node = b.node
 ), above (node) AS (
-    SELECT %(node)s::text WHERE %(node)s::text IS NOT NULL
+    SELECT node FROM start
     UNION
     SELECT d.dep_node
     FROM above a
@@ -442,7 +448,8 @@ WITH RECURSIVE below (node) AS (
       AND (%(node)s::text IS NULL
            OR s.state = 'cancelled'
            OR s.node IN (SELECT node FROM below)
-           OR s.node IN (SELECT node FROM above))
+           OR s.node IN (SELECT node FROM above)
+           OR s.item_of IN (SELECT node FROM below UNION SELECT node FROM above))
 ), blocked AS (
     SELECT s.node
     FROM cyclone_steps s
