@@ -115,7 +115,8 @@ WITH RECURSIVE discarded AS (
       AND s.id <> %(step_id)s
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
       AND (EXISTS (SELECT 1 FROM failed) OR s.node IN (SELECT node FROM branch))
-      AND NOT EXISTS (  -- the fan-out node and its items are settled above
+      -- the fan-out node and its items are settled above
+      AND NOT EXISTS (
           SELECT 1 FROM discarded x
           WHERE x.item_of IS NOT NULL
             AND (s.node = x.item_of OR s.item_of = x.item_of))

@@ -110,7 +110,8 @@ WITH claimable AS (
       AND s.queue = %(queue)s
       AND s.scheduled_at <= now()
       AND s.kind = ANY(%(kinds)s::text[])
-      AND s.fan_out_parallel IS NULL  -- a fan-out node is the scanner's, never a worker's
+      -- a fan-out node is the scanner's, never a worker's
+      AND s.fan_out_parallel IS NULL
       AND (cardinality(%(foreign)s::text[]) = 0 OR NOT EXISTS (
               SELECT 1
               FROM cyclone_runs f
