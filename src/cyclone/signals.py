@@ -25,7 +25,7 @@ from cyclone.dbio import Plan, Rows, Stmt, int_array
 from cyclone.errors import NotFoundError, ValidationError
 from cyclone.sql import Q
 from cyclone.states import TERMINAL_STEP_STATES, RunState, StepState
-from cyclone.transitions import parse_completed
+from cyclone.transitions import expand_stmt, parse_completed
 
 __all__ = ["Settled", "SignalWait", "satisfied", "settle_plan", "signal_plan"]
 
@@ -114,7 +114,8 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
     )
     lock: Rows = []
     done = yield Stmt(Q.steps_complete_dag, {"dag_steps": f"[{','.join(items)}]"})
-    completed, finished, woken = parse_completed([lock, done])
+    expanded = yield expand_stmt(run_ids)
+    completed, finished, woken = parse_completed([lock, done, expanded])
     return Settled(frozenset(finished), frozenset(woken), len(completed))
 
 

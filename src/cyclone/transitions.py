@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "claim_stmt",
     "complete_stmts",
     "decide_failure",
+    "expand_stmt",
     "failure_stmts",
     "heartbeat_stmt",
     "mismatch_stmt",
@@ -78,6 +79,7 @@ class Claimed:
     input_from: str | None = None
     bindings: tuple[tuple[str, str], ...] | None = None
     input_error: str | None = None
+    has_fan_out: bool = False
 
     @property
     def has_data_edge(self) -> bool:
@@ -134,7 +136,8 @@ def parse_claimed(rows: Rows, queue: str, owner: str) -> list[Claimed]:
             queue=queue,
             owner=owner,
             input_from=row[12],
-            bindings=parse_bindings(row[13]),
+            has_fan_out=bool(row[13]),
+            bindings=parse_bindings(row[14]),
         )
         for row in rows
     ]
@@ -175,7 +178,16 @@ def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
         stmts.append(Stmt(Q.steps_complete, {"steps": _completions(jobs)}))
     if dag:
         stmts.append(Stmt(Q.steps_complete_dag, {"dag_steps": _completions(dag)}))
+        fan_out_runs = {step.run_id for step, _ in dag if step.has_fan_out}
+        if fan_out_runs:
+            stmts.append(expand_stmt(fan_out_runs))
     return stmts
+
+
+def expand_stmt(run_ids: Iterable[int]) -> Stmt:
+    """Insert the item tasks of fan-out nodes of ``run_ids`` reached by the completions
+    before it in the transaction (``steps_expand_fan_outs``)."""
+    return Stmt(Q.steps_expand_fan_outs, {"fan_out_runs": int_array(run_ids)})
 
 
 def parse_completed(results: Sequence[Rows]) -> tuple[set[int], set[int], set[str]]:
@@ -186,6 +198,9 @@ def parse_completed(results: Sequence[Rows]) -> tuple[set[int], set[int], set[st
     woken: set[str] = set()
     for rows in results[1:]:  # after runs_lock
         for row in rows:
+            if row[0] is None:  # the row of steps_expand_fan_outs
+                woken.update(row[3] or ())
+                continue
             done.add(row[0])
             if row[2]:
                 finished.add(row[1])

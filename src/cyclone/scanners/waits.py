@@ -41,7 +41,7 @@ from cyclone.notify import Publisher
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
-from cyclone.transitions import cancel_stmts, parse_completed
+from cyclone.transitions import cancel_stmts, expand_stmt, parse_completed
 
 __all__ = ["CHILD_MARK", "FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
 
@@ -143,7 +143,8 @@ class WaitScanner:
                 return 0
             items = ",".join(f'[{step_id},null,null,null,"waiting_timer"]' for step_id, _ in due)
             done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": f"[{items}]"}))
-        completed, finished, woken = parse_completed([[], done])
+            expanded = await fetch_async(conn, expand_stmt({run_id for _, run_id in due}))
+        completed, finished, woken = parse_completed([[], done, expanded])
         self._announce(finished, woken)
         return len(completed)
 
@@ -252,7 +253,8 @@ class WaitScanner:
                         continue
                 item = f'[[{step_id},null,null,{output},"pending"]]'
                 done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
-                completed, ended, more = parse_completed([[], done])
+                expanded = await fetch_async(conn, expand_stmt([run_id]))
+                completed, ended, more = parse_completed([[], done, expanded])
                 finished |= ended
                 woken |= more
                 changed += len(completed)
@@ -311,7 +313,8 @@ class WaitScanner:
                     output = result if needs_result and result is not None else "null"
                     item = f'[[{step_id},null,null,{output},"waiting_child"]]'
                     rows = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
-                    completed, ended, more = parse_completed([[], rows])
+                    expanded = await fetch_async(conn, expand_stmt([run_id]))
+                    completed, ended, more = parse_completed([[], rows, expanded])
                     finished |= ended
                     woken |= more
                     changed += len(completed)

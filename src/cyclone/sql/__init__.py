@@ -51,6 +51,7 @@ class Queries:
     steps_heartbeat: LiteralString
     steps_complete: LiteralString
     steps_complete_dag: LiteralString
+    steps_expand_fan_outs: LiteralString
     steps_outputs: LiteralString
     steps_release_mismatch: LiteralString
     steps_retry: LiteralString

@@ -149,7 +149,7 @@ WHERE s.id = c.id
 RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, r.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
-          s.sequence_key, r.workflow, r.def_version, s.input_from,
+          s.sequence_key, r.workflow, r.def_version, s.input_from, r.has_fan_out,
           CASE WHEN r.def_version <> 'job' THEN (
               SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
               FROM cyclone_step_inputs i
@@ -257,10 +257,10 @@ LEFT JOIN finished ON finished.id = done.run_id;
 -- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
 -- the wait scanner or a signal: the waiting state its CAS expects (owner and
 -- generation are null then). A wait node that is reached enters its waiting state
--- (waiting_timer, waiting_signal) with scheduled_at = now() + wait_for. A reached
--- fan-out node stays pending and gets its item tasks; "woken" carries '@fanout' when the
--- fan-out scanner has work (a reached fan-out, a finished item) and '@signal' for a
--- reached signal wait.
+-- (waiting_timer, waiting_signal, waiting_child) with scheduled_at = now() + wait_for. A
+-- reached fan-out node stays pending; steps_expand_fan_outs, next in the same
+-- transaction, inserts its item tasks. "woken" carries '@fanout' when an item finished
+-- and '@signal' / '@child' for a reached wait or child node.
 -- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
 -- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
 -- counting the steps this statement completes (its snapshot does not show them yet).
@@ -289,7 +289,7 @@ WITH v AS (
             AND s.lease_owner = v.owner
             AND s.lease_generation = v.generation)
            OR (v.waiting IS NOT NULL AND s.state = v.waiting))
-    RETURNING s.id, s.run_id, s.node, s.output, s.item_of
+    RETURNING s.id, s.run_id, s.node, s.item_of
 ), ready AS (
     SELECT DISTINCT c.run_id, c.node
     FROM done
@@ -319,35 +319,6 @@ WITH v AS (
       AND s.state = 'pending'
       AND s.fan_out_parallel IS NULL
     RETURNING s.queue, s.kind, s.state
-), fan_outs AS (
-    -- Reached fan-out nodes stay pending while their items run (idx_steps_fan_out).
-    SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
-           f.retention, f.fan_out_parallel, r.state AS run_state,
-           coalesce((SELECT d.output FROM done d
-                     WHERE d.run_id = f.run_id AND d.node = f.input_from),
-                    src.output) AS over
-    FROM ready
-    JOIN cyclone_steps f ON f.run_id = ready.run_id AND f.node = ready.node
-    JOIN cyclone_runs r ON r.id = f.run_id
-    JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
-    WHERE f.state = 'pending'
-      AND f.fan_out_parallel IS NOT NULL
-), expanded AS (
-    -- One item task per element of the upstream list, in the transaction that
-    -- completed the last dependency: the first fan_out_parallel runnable (0: all).
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
-        retention, item_of, item_index)
-    SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
-           CASE WHEN f.fan_out_parallel <> 0 AND e.ord > f.fan_out_parallel THEN 'pending'
-                WHEN f.run_state = 'paused' THEN 'paused'
-                ELSE 'available' END,
-           e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
-           (e.ord - 1)::integer
-    FROM fan_outs f,
-         jsonb_array_elements(CASE WHEN jsonb_typeof(f.over) = 'array' THEN f.over
-                                   ELSE '[]'::jsonb END) WITH ORDINALITY AS e (value, ord)
-    RETURNING queue, state
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
@@ -368,13 +339,55 @@ SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
             SELECT CASE WHEN kind IN ('@signal', '@child') THEN kind ELSE queue END
             FROM advanced WHERE state IN ('available', 'waiting_signal', 'waiting_child')
             UNION ALL
-            SELECT queue FROM expanded WHERE state = 'available'
-            UNION ALL
-            SELECT '@fanout' FROM fan_outs
-            UNION ALL
             SELECT '@fanout' FROM done WHERE item_of IS NOT NULL) AS w (q)) AS woken
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
+
+
+-- name: steps_expand_fan_outs
+-- Runs after steps_complete_dag in the same transaction, for runs with a fan-out node
+-- (cyclone_runs.has_fan_out, read under the run row lock): each fan-out node now reached
+-- (pending, every dependency completed) that has no item tasks yet gets one per element
+-- of its upstream list, the first fan_out_parallel of them runnable (0: all; paused in a
+-- paused run). Idempotent: an expanded node has its items (an empty list has none and
+-- inserts none again). Rows come back per reached node, for the fan-out scanner.
+WITH reached AS (
+    SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
+           f.retention, f.fan_out_parallel, r.state AS run_state, src.output AS over
+    FROM cyclone_steps f
+    JOIN cyclone_runs r ON r.id = f.run_id
+    JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
+    WHERE f.run_id = ANY(%(fan_out_runs)s::bigint[])
+      AND f.fan_out_parallel IS NOT NULL
+      AND f.state IN ('pending', 'paused')
+      AND src.state = 'completed'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_deps d
+          JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+          WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
+      AND NOT EXISTS (
+          SELECT 1 FROM cyclone_steps i WHERE i.run_id = f.run_id AND i.item_of = f.node)
+), expanded AS (
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
+        retention, item_of, item_index)
+    SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
+           CASE WHEN f.fan_out_parallel <> 0 AND e.ord > f.fan_out_parallel THEN 'pending'
+                WHEN f.run_state = 'paused' THEN 'paused'
+                ELSE 'available' END,
+           e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
+           (e.ord - 1)::integer
+    FROM reached f,
+         jsonb_array_elements(CASE WHEN jsonb_typeof(f.over) = 'array' THEN f.over
+                                   ELSE '[]'::jsonb END) WITH ORDINALITY AS e (value, ord)
+    RETURNING queue, state
+)
+SELECT NULL::bigint AS id, NULL::bigint AS run_id, false AS run_finished,
+       (SELECT array_agg(DISTINCT q) FROM (
+            SELECT queue FROM expanded WHERE state = 'available'
+            UNION ALL
+            SELECT '@fanout' FROM reached) AS w (q)) AS woken;
 
 
 -- name: steps_outputs
