@@ -193,6 +193,54 @@ class Workflow:
                 raise WorkflowError(f"{where}: kind names starting with '@' are the engine's")
         else:
             raise WorkflowError(f"{where}: kind must be a handler or a kind name, got {kind!r}")
+        overrides = {
+            key: value
+            for key, value in {
+                "queue": queue,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "timeout": timeout,
+                "retention": retention,
+            }.items()
+            if value is not None
+        }
+        try:
+            JobOptions().override(**overrides)
+        except ValidationError as exc:
+            raise WorkflowError(f"{where}: {exc}") from None
+        return self._add(
+            self._spec(
+                node_id,
+                where,
+                kind_name,
+                handler,
+                after=after,
+                input_from=input_from,
+                inputs=inputs,
+                assembly=assembly,
+                input=input,
+                on_dep_failure=on_dep_failure,
+                overrides=overrides,
+            )
+        )
+
+    def _spec(
+        self,
+        node_id: str,
+        where: str,
+        kind: str,
+        handler: Handler | None,
+        *,
+        after: Any,
+        input_from: Any,
+        inputs: Any,
+        assembly: Any,
+        input: Any,
+        on_dep_failure: Any,
+        overrides: Mapping[str, Any],
+        **extra: Any,
+    ) -> NodeSpec:
+        """A node's spec with its edges, input binding and policy validated."""
         after_ids = self._after(after, where)
         source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
         if inputs is not None and (
@@ -223,34 +271,18 @@ class Workflow:
                 constant = encode_json(PLAIN.encode(input), f"input of {where}")
             except ValidationError as exc:
                 raise WorkflowError(str(exc)) from None
-        overrides = {
-            key: value
-            for key, value in {
-                "queue": queue,
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "timeout": timeout,
-                "retention": retention,
-            }.items()
-            if value is not None
-        }
-        try:
-            JobOptions().override(**overrides)
-        except ValidationError as exc:
-            raise WorkflowError(f"{where}: {exc}") from None
-        return self._add(
-            NodeSpec(
-                id=node_id,
-                kind=kind_name,
-                handler=handler,
-                after=after_ids,
-                input_from=source,
-                inputs=sources,
-                assembly=assembly,
-                input=constant,
-                overrides=overrides,
-                on_dep_failure=on_dep_failure,
-            )
+        return NodeSpec(
+            id=node_id,
+            kind=kind,
+            handler=handler,
+            after=after_ids,
+            input_from=source,
+            inputs=sources,
+            assembly=assembly,
+            input=constant,
+            overrides=overrides,
+            on_dep_failure=on_dep_failure,
+            **extra,
         )
 
     def fan_out(
@@ -345,31 +377,19 @@ class Workflow:
                 "(call its .result(node), or pass needs_result=False)"
             )
         node_id, where = self._new_id(id)
-        after_ids = self._after(after, where)
-        source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
-        sources = tuple(self._ref(ref, f"inputs of {where}") for ref in inputs or ())
-        if node_id in (*after_ids, source, *sources):
-            raise WorkflowError(f"{where} depends on itself")
-        constant = None
-        if input is not None:
-            try:
-                constant = encode_json(PLAIN.encode(input), f"input of {where}")
-            except ValidationError as exc:
-                raise WorkflowError(str(exc)) from None
-        if on_dep_failure not in _POLICIES:
-            raise WorkflowError(f"{where}: on_dep_failure must be 'fail_run' or 'cancel_branch'")
         return self._add(
-            NodeSpec(
-                id=node_id,
-                kind="@child",
-                handler=None,
-                after=after_ids,
-                input_from=source,
-                inputs=sources,
+            self._spec(
+                node_id,
+                where,
+                "@child",
+                None,
+                after=after,
+                input_from=input_from,
+                inputs=inputs,
                 assembly=assembly,
-                input=constant,
-                overrides={},
+                input=input,
                 on_dep_failure=on_dep_failure,
+                overrides={},
                 child=workflow,
                 child_needs_result=bool(needs_result),
             )

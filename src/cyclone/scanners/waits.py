@@ -155,17 +155,13 @@ class WaitScanner:
             due = await fetch_async(conn, Stmt(Q.steps_signal_timeouts_due, {"limit": self._batch}))
             for step_id, run_id, node, wait_for in due:
                 error = f"signal wait {node!r} timed out after {wait_for:g} s"
-                if not await fetch_async(
-                    conn, Stmt(Q.steps_discard_wait, {"id": step_id, "error": error})
-                ):
-                    continue
-                count += 1
-                log.info("step %d of run %d: %s", step_id, run_id, error)
-                outcome = await fetch_async(
-                    conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
+                count += await self._discard(
+                    conn,
+                    Stmt(Q.steps_discard_wait, {"id": step_id, "error": error}),
+                    step_id=step_id,
+                    run_id=run_id,
+                    finished=finished,
                 )
-                if outcome and (outcome[0][0] or outcome[0][1]):
-                    finished.add(run_id)
         self._announce(finished, set())
         return count
 
@@ -212,10 +208,12 @@ class WaitScanner:
                     error = f"fan-out {node!r} needs a list from its upstream node, got {over_type}"
                     changed += await self._discard(
                         conn,
+                        Stmt(
+                            Q.steps_discard_fan_out,
+                            {"id": step_id, "error": error, "error_kind": "fan_out_input"},
+                        ),
                         step_id=step_id,
                         run_id=run_id,
-                        error=error,
-                        kind="fan_out_input",
                         finished=finished,
                     )
                     continue
@@ -244,10 +242,12 @@ class WaitScanner:
                         )
                         changed += await self._discard(
                             conn,
+                            Stmt(
+                                Q.steps_discard_fan_out,
+                                {"id": step_id, "error": error, "error_kind": "fan_out_too_large"},
+                            ),
                             step_id=step_id,
                             run_id=run_id,
-                            error=error,
-                            kind="fan_out_too_large",
                             finished=finished,
                         )
                         continue
@@ -262,12 +262,14 @@ class WaitScanner:
         return changed
 
     async def _discard(
-        self, conn: Any, *, step_id: int, run_id: int, error: str, kind: str, finished: set[int]
+        self, conn: Any, discard: Stmt, *, step_id: int, run_id: int, finished: set[int]
     ) -> int:
-        params = {"id": step_id, "error": error, "error_kind": kind}
-        if not await fetch_async(conn, Stmt(Q.steps_discard_fan_out, params)):
+        """Run one CAS ``discard`` of a step, then resolve its run; 1 if it discarded."""
+        if not await fetch_async(conn, discard):
             return 0
-        log.warning("step %d of run %d discarded: %s", step_id, run_id, error)
+        log.warning(
+            "step %d of run %d discarded: %s", step_id, run_id, (discard.params or {})["error"]
+        )
         outcome = await fetch_async(
             conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
         )
@@ -297,8 +299,12 @@ class WaitScanner:
                             run_id, input_from, bindings, {(r, n): t for r, n, t in found}
                         )
                     except InputError as exc:
-                        changed += await self._discard_child(
-                            conn, step_id=step_id, run_id=run_id, error=str(exc), finished=finished
+                        changed += await self._discard(
+                            conn,
+                            Stmt(Q.steps_discard_child, {"id": step_id, "error": str(exc)}),
+                            step_id=step_id,
+                            run_id=run_id,
+                            finished=finished,
                         )
                         continue
                 request = SubmitRequest.build(child, value, parent=(run_id, node))
@@ -320,8 +326,12 @@ class WaitScanner:
                     changed += len(completed)
                 else:
                     why = f"child run {child_id} {state}" + (f": {error}" if error else "")
-                    changed += await self._discard_child(
-                        conn, step_id=step_id, run_id=run_id, error=why, finished=finished
+                    changed += await self._discard(
+                        conn,
+                        Stmt(Q.steps_discard_child, {"id": step_id, "error": why}),
+                        step_id=step_id,
+                        run_id=run_id,
+                        finished=finished,
                     )
         async with self._pool.connection() as conn:
             orphans = await fetch_async(
@@ -335,18 +345,3 @@ class WaitScanner:
                     changed += 1
         self._announce(finished, woken)
         return changed
-
-    async def _discard_child(
-        self, conn: Any, *, step_id: int, run_id: int, error: str, finished: set[int]
-    ) -> int:
-        if not await fetch_async(
-            conn, Stmt(Q.steps_discard_child, {"id": step_id, "error": error})
-        ):
-            return 0
-        log.warning("step %d of run %d discarded: %s", step_id, run_id, error)
-        outcome = await fetch_async(
-            conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
-        )
-        if outcome and (outcome[0][0] or outcome[0][1]):
-            finished.add(run_id)
-        return 1
