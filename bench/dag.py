@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
 import platform
@@ -65,6 +64,7 @@ from bench.dag_app import NOOP_STEP, WORKFLOWS, chain, dag_worker, wide
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
 from bench.jobs import RESULTS_DIR, _git_commit, _join_all, _meet, reset_tables
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
+from bench.report import write_results
 
 __all__ = ["Settings", "Workload", "main", "measure", "run"]
 
@@ -461,11 +461,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "settings": settings.to_json(),
         "measured": measured,
     }
-    settings.results_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.results_dir / f"dag-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print()
-    print(f"figures written to {path}")
+    write_results(settings.results_dir, "dag", started, results)
     return results
 
 

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
 import platform
@@ -74,7 +73,7 @@ import cyclone
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
-from bench.report import Row, latency_summary, profile_summary, render_table
+from bench.report import Row, latency_summary, profile_summary, render_table, write_results
 from bench.workers import NOOP_KIND, PROBE_KIND, monotonic_ns, probe_worker, throughput_worker
 
 __all__ = ["Bench", "Settings", "main", "measure", "run"]
@@ -663,11 +662,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "measured": measured,
         "rows": [row.to_json() for row in rows],
     }
-    settings.results_dir.mkdir(parents=True, exist_ok=True)
-    path = settings.results_dir / f"jobs-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    path.write_text(json.dumps(results, indent=2, default=_to_json) + "\n")
-    print()
-    print(f"figures written to {path}")
+    write_results(settings.results_dir, "jobs", started, results, default=_to_json)
     return results
 
 

@@ -8,15 +8,32 @@ reads py-spy's collapsed stacks (``--format raw``) and names where the samples f
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Row", "latency_summary", "profile_summary", "render_table"]
+__all__ = ["Row", "latency_summary", "profile_summary", "render_table", "write_results"]
+
+
+def write_results(
+    results_dir: Path,
+    name: str,
+    started: Any,
+    results: dict[str, Any],
+    default: Callable[[Any], Any] | None = None,
+) -> Path:
+    """Write a run's figures as ``<name>-<UTC time>.json`` in ``results_dir``; say where."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    path.write_text(json.dumps(results, indent=2, default=default) + "\n")
+    print()
+    print(f"figures written to {path}")
+    return path
 
 
 def latency_summary(samples_ms: Sequence[float]) -> dict[str, float]:

@@ -694,13 +694,9 @@ class Client:
         await self._open()
         async with self._engine_pool.connection() as conn, conn.transaction():
             stored, settled = await run_plan_async(conn, signal_plan(run_id, name, encoded))
-        assert self._publisher is not None
-        queues = set(settled.woken) - MARKS
-        if queues:
-            self._publisher.available(queues)
-        if MARKS & settled.woken and self.wait_scanner is not None:
-            self.wait_scanner.kick()
+        self._announce_woken(set(settled.woken))
         if settled.finished:
+            assert self._publisher is not None
             self._publisher.run_done(settled.finished)
         return stored
 
@@ -783,7 +779,8 @@ class Client:
             NotFoundError: no run has that id.
             StateError: the run is not paused.
         """
-        await self._control(run, resume_stmts, "resumed", "paused")
+        rows = await self._control(run, resume_stmts, "resumed", "paused")
+        self._announce_woken(set(rows[0][1] or ()))
 
     async def retry(
         self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
@@ -817,24 +814,18 @@ class Client:
 
     async def _control(
         self, run: RunRef, stmts: Callable[[int], list[Stmt]], done: str, needed: str
-    ) -> None:
+    ) -> list[tuple[Any, ...]]:
+        """Run a pause or resume; its row, or StateError / NotFoundError naming why not."""
         run_id = run_id_of(run)
-        rows = await self._control_rows(run_id, stmts(run_id))
+        await self._open()
+        async with self._engine_pool.connection() as conn:
+            rows = (await batch_async(conn, stmts(run_id), transaction=True))[-1]
         if not rows:
             current = await self.get_run(run_id)
             raise StateError(
                 f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
             )
-        if len(rows[0]) > 1 and isinstance(rows[0][1], list):
-            self._announce_woken(set(rows[0][1]))
-
-    async def _control_rows(self, run_id: int, stmts: list[Stmt]) -> list[tuple[Any, ...]]:
-        await self._open()
-        async with self._engine_pool.connection() as conn:
-            results = await batch_async(
-                conn, stmts, transaction=True, after=[runs_done_statement([run_id])]
-            )
-        return results[-1]
+        return rows
 
     def _announce_woken(self, woken: set[str]) -> None:
         assert self._publisher is not None
