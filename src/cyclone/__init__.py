@@ -2,9 +2,9 @@
 
 The public API (python-api.md): kinds (:func:`step`, :func:`action`), the
 :class:`Client` (asyncio) and :class:`SyncClient`, the handler :class:`Context`, the
-records :class:`Run`, :class:`Step`, :class:`Enqueued` and :class:`Submitted`, the
-:class:`Workflow` builder, :func:`migrate`, and the
-exceptions of :mod:`cyclone.errors`.
+records :class:`Run`, :class:`Step`, :class:`Schedule`, :class:`Enqueued` and
+:class:`Submitted`, the :class:`Workflow` builder, :func:`migrate`, and the exceptions
+of :mod:`cyclone.errors`.
 """
 
 from cyclone.client import Client
@@ -25,7 +25,8 @@ from cyclone.errors import (
 )
 from cyclone.handlers import Handler, action, step
 from cyclone.migrate import migrate, migrate_async
-from cyclone.records import Enqueued, Run, Step, Submitted
+from cyclone.monitor import QueueStats
+from cyclone.records import Enqueued, Run, Schedule, Step, Submitted
 from cyclone.retry import RetryPolicy
 from cyclone.states import RunState, StepState
 from cyclone.sync_client import SyncClient
@@ -43,9 +44,11 @@ __all__ = [
     "Node",
     "NotFoundError",
     "PoolTooSmallError",
+    "QueueStats",
     "RetryPolicy",
     "Run",
     "RunState",
+    "Schedule",
     "StateError",
     "Step",
     "StepInterrupted",

@@ -2,39 +2,66 @@
 
 python-api.md, Command line. Commands read the database from ``--dsn`` or the
 ``CYCLONE_DSN`` environment variable. Errors print one line and exit non-zero.
+
+``migrate`` and ``worker`` set up and run; ``runs``, ``run``, ``steps``, ``queues`` and
+``kinds`` inspect (tables through rich, or ``--json``; see :mod:`cyclone.render`);
+``signal``, ``cancel``, ``pause``, ``resume`` and ``retry`` act on one run through a
+:class:`SyncClient`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import click
 import psycopg
+from psycopg_pool import ConnectionPool
+from rich.console import Console, RenderableType
 
+from cyclone import monitor, render
 from cyclone.client import Client
+from cyclone.connections import engine_conninfo
 from cyclone.errors import CycloneError
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate as run_migrate
+from cyclone.sync_client import SyncClient
 
 __all__ = ["load_client", "main"]
 
 log = logging.getLogger("cyclone.cli")
+T = TypeVar("T")
+
+_PIPE_WIDTH = 1000
+"""Width of tables and trees written to something other than a terminal."""
 
 
 class _Group(click.Group):
-    """Turns Cyclone and connection errors into one line and exit status 1."""
+    """Turns Cyclone and connection errors into one line and exit status 1, and a
+    command's usage errors into one line (with where to find help) and exit status 2."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (CycloneError, psycopg.Error) as exc:
             raise click.ClickException(str(exc).strip().splitlines()[0]) from exc
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else ctx.command_path
+            raise _UsageLine(f"{exc.format_message()} (see {where} --help)") from exc
+
+
+class _UsageLine(click.ClickException):
+    """A usage error shown as one line; exit status 2 as click gives usage errors."""
+
+    exit_code = 2
 
 
 dsn_option = click.option(
@@ -45,6 +72,12 @@ dsn_option = click.option(
 )
 schema_option = click.option(
     "--schema", default="public", show_default=True, help="Postgres schema of Cyclone's tables."
+)
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of a table."
+)
+limit_option = click.option(
+    "--limit", default=50, show_default=True, type=int, help="Show at most this many rows."
 )
 
 
@@ -145,3 +178,264 @@ def worker(app: str) -> None:
         log.warning("exiting with %d sync handler thread(s) still running", client.threads_running)
         logging.shutdown()
         os._exit(0)
+
+
+# -- inspection and control -------------------------------------------------------------
+
+
+def _read_committed(conn: psycopg.Connection[Any]) -> None:
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+
+
+class _Database:
+    """What a command reads and acts through: one small pool, shared by a
+    :class:`SyncClient` (runs and run control) and the :mod:`cyclone.monitor` queries."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            engine_conninfo(dsn, schema=schema, application_name="cyclone-cli"),
+            min_size=1,
+            max_size=2,
+            kwargs={"autocommit": True},
+            open=False,
+            name="cyclone-cli",
+            configure=_read_committed,
+        )
+        self.client = SyncClient(self.pool, schema=schema)
+
+    def read(self, query: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run one monitor query on a connection of the pool."""
+        with self.pool.connection() as conn:
+            return query(conn)
+
+
+@contextmanager
+def _database(dsn: str, schema: str) -> Iterator[_Database]:
+    db = _Database(dsn, schema)
+    db.client.open()  # checks the schema first: one line telling to migrate if needed
+    try:
+        db.pool.open(wait=True, timeout=10)
+        yield db
+    finally:
+        db.pool.close()
+
+
+def _print(renderable: RenderableType) -> None:
+    # Piped into a file or grep, and with no COLUMNS given, rows are not wrapped at 80.
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    Console(highlight=False, width=_PIPE_WIDTH if wide else None).print(renderable)
+
+
+def _listing(rows: Sequence[Any], as_json: bool, table: Callable[[Any], Any], empty: str) -> None:
+    if as_json:
+        click.echo(render.to_json(list(rows)))
+    elif rows:
+        _print(table(rows))
+    else:
+        click.echo(empty)
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.option("--state", help="Only runs in this state (running, paused, completed, ...).")
+@click.option("--workflow", help="Only runs of this workflow (or kind, for a job).")
+@limit_option
+@click.option("--before", type=int, help="Only runs with a smaller id (the next page).")
+@json_option
+def runs(
+    *,
+    dsn: str,
+    schema: str,
+    state: str | None,
+    workflow: str | None,
+    limit: int,
+    before: int | None,
+    as_json: bool,
+) -> None:
+    """List runs, newest first."""
+    with _database(dsn, schema) as db:
+        found = db.client.list_runs(state, workflow, limit, before)
+    _listing(found, as_json, render.runs_table, "no runs")
+
+
+@main.command("run")
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+@json_option
+def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
+    """Show run RUN and its steps as a tree of its DAG."""
+    with _database(dsn, schema) as db:
+        run = db.client.get_run(run_id)
+        steps, deps = db.read(
+            lambda conn: (monitor.run_steps_sync(conn, run.id), monitor.run_deps_sync(conn, run.id))
+        )
+    if not as_json:
+        _print(render.run_view(run, steps, deps))
+        return
+    after: dict[str, list[str]] = {}
+    for node, dep in deps:
+        after.setdefault(node, []).append(dep)
+    shown = [{**render.as_dict(step), "deps": after.get(step.node, [])} for step in steps]
+    click.echo(render.to_json({"run": run, "steps": shown}))
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.option("--run", "run_id", type=int, help="Only the steps of this run.")
+@click.option("--state", help="Only steps in this state (available, running, discarded, ...).")
+@click.option("--kind", help="Only steps of this kind.")
+@click.option("--queue", help="Only steps in this queue.")
+@limit_option
+@json_option
+def steps(
+    *,
+    dsn: str,
+    schema: str,
+    run_id: int | None,
+    state: str | None,
+    kind: str | None,
+    queue: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List steps, newest first (from the view cyclone_v_steps)."""
+    stmt = monitor.steps_stmt(run_id=run_id, state=state, kind=kind, queue=queue, limit=limit)
+    with _database(dsn, schema) as db:
+        found = db.read(lambda conn: monitor.find_steps_sync(conn, stmt))
+        if run_id is not None and not found:
+            db.client.get_run(run_id)  # NotFoundError for an unknown run
+    _listing(found, as_json, render.steps_table, "no steps")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@json_option
+def queues(dsn: str, schema: str, as_json: bool) -> None:
+    """Unfinished work per queue: available, running, waiting, oldest age, expired leases."""
+    with _database(dsn, schema) as db:
+        stats = db.read(monitor.queue_stats_sync)
+    _listing(stats, as_json, render.queues_table, "no unfinished steps in any queue")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@json_option
+def kinds(dsn: str, schema: str, as_json: bool) -> None:
+    """Steps per kind and state, oldest available age, expired leases."""
+    with _database(dsn, schema) as db:
+        stats = db.read(monitor.kind_stats_sync)
+    _listing(stats, as_json, render.kinds_table, "no steps")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@json_option
+def schedules(dsn: str, schema: str, as_json: bool) -> None:
+    """Cron schedules with their next fire time in their own zone, last run and errors."""
+    with _database(dsn, schema) as db:
+        found = db.client.list_schedules()
+    _listing(found, as_json, render.schedules_table, "no schedules")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.option(
+    "--older-than",
+    type=click.FloatRange(min=0),
+    help="Seconds: delete every terminal run finished at least this long ago, whatever its "
+    "retention (default: each run's own retention).",
+)
+@json_option
+def purge(dsn: str, schema: str, older_than: float | None, as_json: bool) -> None:
+    """Delete terminal runs past their retention (with their steps, signals and fires)."""
+    with _database(dsn, schema) as db:
+        deleted = db.client.purge(older_than=older_than)
+    if as_json:
+        click.echo(render.to_json({"deleted": deleted}))
+    else:
+        click.echo(f"purged {deleted} run(s)")
+
+
+@main.command("signal")
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("name")
+@click.argument("payload", required=False)
+def send_signal(dsn: str, schema: str, run_id: int, name: str, payload: str | None) -> None:
+    """Send signal NAME to run RUN, with PAYLOAD (JSON text; none: null)."""
+    value = None
+    if payload is not None:
+        try:
+            value = json.loads(payload)
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(
+                f"{payload!r} is not JSON: {exc.msg} at character {exc.pos + 1}"
+                " (a JSON string needs its quotes, as in '\"yes\"')",
+                param_hint="PAYLOAD",
+            ) from None
+    with _database(dsn, schema) as db:
+        stored = db.client.signal(run_id, name, value)
+    if stored:
+        click.echo(f"signal {name!r} stored in the mailbox of run {run_id}")
+    else:
+        click.echo(
+            f"signal {name!r} not stored: run {run_id} is finished, or its wait for "
+            f"{name!r} is complete or has all the signals it takes"
+        )
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+def cancel(dsn: str, schema: str, run_id: int) -> None:
+    """Cancel run RUN and its active steps (its child runs too)."""
+    with _database(dsn, schema) as db:
+        db.client.cancel(run_id)
+    click.echo(f"run {run_id} cancelled")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+def pause(dsn: str, schema: str, run_id: int) -> None:
+    """Pause run RUN: running steps finish, nothing new starts until resume."""
+    with _database(dsn, schema) as db:
+        db.client.pause(run_id)
+    click.echo(f"run {run_id} paused")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+def resume(dsn: str, schema: str, run_id: int) -> None:
+    """Resume paused run RUN."""
+    with _database(dsn, schema) as db:
+        db.client.resume(run_id)
+    click.echo(f"run {run_id} resumed")
+
+
+@main.command()
+@dsn_option
+@schema_option
+@click.argument("run_id", metavar="RUN", type=int)
+@click.option("--node", help="Retry only this node and the nodes below it.")
+@click.option(
+    "--deadline", type=float, help="Seconds from now the reopened run has (default: none)."
+)
+def retry(dsn: str, schema: str, run_id: int, node: str | None, deadline: float | None) -> None:
+    """Reset the discarded and cancelled steps of run RUN and reopen it."""
+    with _database(dsn, schema) as db:
+        reset = db.client.retry(run_id, node, deadline=deadline)
+    where = f" (node {node!r} and below)" if node else ""
+    click.echo(f"run {run_id} reopened: {reset} step(s) reset{where}")

@@ -31,7 +31,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from cyclone.completion import TxSlots
-from cyclone.config import ClientConfig, WakeupTracker, list_runs_params
+from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import engine_conninfo
 from cyclone.dbio import (
     Stmt,
@@ -49,6 +49,7 @@ from cyclone.errors import (
 )
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
+from cyclone.monitor import QueueStats, queue_stats_async
 from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
 from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, check_text, seconds
 from cyclone.payloads import PLAIN, encode_json
@@ -61,9 +62,12 @@ from cyclone.producer import (
     enqueue_stmt,
     enqueued_from_rows,
 )
-from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
+from cyclone.records import Enqueued, Run, RunRef, Schedule, Step, Submitted, run_id_of
+from cyclone.scanners.purge import Purger, purge_async
+from cyclone.scanners.schedules import ScheduleScanner
 from cyclone.scanners.sweep import Sweeper
 from cyclone.scanners.waits import MARKS, WaitScanner
+from cyclone.schedules import CatchUp, create_plan, set_enabled_plan, update_plan
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
@@ -87,6 +91,9 @@ LEASE_CONNECTIONS = 2
 """Connections of the lease pool (claims and heartbeats)."""
 DEFAULT_SLOTS = 10
 """Worker slots of each queue of the registered kinds when ``queues`` is not given."""
+
+_GRACEFUL = frozenset({"cyclone-waits", "cyclone-schedules", "cyclone-purge"})
+"""Background tasks that stop() lets finish their pass instead of cancelling."""
 
 
 def _owner_id() -> str:
@@ -123,6 +130,11 @@ class Client:
         sweep_interval: seconds between recovery sweeps (default ``lease_ttl / 3``,
             at most 10).
         claim_batch: most steps one claim statement takes (default 10).
+        schedule_catch_up: what the schedule scanner fires for slots missed while no
+            client ran: ``"latest"`` (default) fires the most recent one once,
+            ``"all"`` fires each, oldest first. See docs/operations.md.
+        purge_interval: seconds between purges of expired runs (default 60; ``None``:
+            this client never purges on its own).
 
     Raises:
         ValidationError: a bad option.
@@ -150,6 +162,8 @@ class Client:
         shutdown_grace: Duration = 30.0,
         sweep_interval: Duration | None = None,
         claim_batch: int = 10,
+        schedule_catch_up: CatchUp = "latest",
+        purge_interval: Duration | None = 60.0,
     ) -> None:
         self.config = ClientConfig(
             handlers=handlers,
@@ -186,6 +200,12 @@ class Client:
         self.sweep_interval = (
             seconds(sweep_interval, "sweep_interval", maximum=HOUR) or default_sweep
         )
+        if schedule_catch_up not in ("latest", "all"):
+            raise ValidationError(
+                f"schedule_catch_up must be 'latest' or 'all', got {schedule_catch_up!r}"
+            )
+        self.schedule_catch_up: CatchUp = schedule_catch_up
+        self.purge_interval = seconds(purge_interval, "purge_interval", maximum=DAY)
         self.owner = _owner_id()
 
         handler_list = list(self.config.handlers.values())
@@ -228,6 +248,10 @@ class Client:
         """The recovery sweep, while started with handlers."""
         self.wait_scanner: WaitScanner | None = None
         """The timer, signal and deadline scanner, while started with handlers."""
+        self.schedule_scanner: ScheduleScanner | None = None
+        """The schedule scanner, while started with handlers."""
+        self.purger: Purger | None = None
+        """The retention purge, while started with handlers and a ``purge_interval``."""
         self._background: list[asyncio.Task[None]] = []
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._opened = False
@@ -381,6 +405,19 @@ class Client:
         self.wait_scanner = waits
         self._worker.on_wait = waits.kick
         self._background.append(asyncio.create_task(waits.run(), name="cyclone-waits"))
+        schedules = ScheduleScanner(
+            self._engine_pool,
+            self._publisher,
+            owner=self.owner,
+            interval=self.poll_interval,
+            definitions=self.config.definitions,
+            catch_up=self.schedule_catch_up,
+        )
+        self.schedule_scanner = schedules
+        self._background.append(asyncio.create_task(schedules.run(), name="cyclone-schedules"))
+        if self.purge_interval is not None:
+            self.purger = Purger(self._engine_pool, interval=self.purge_interval)
+            self._background.append(asyncio.create_task(self.purger.run(), name="cyclone-purge"))
         log.info(
             "client %s started: kinds %s, queues %s",
             self.owner,
@@ -411,18 +448,21 @@ class Client:
             await self._worker.stop()
             self._threads_left = self._worker
             self._worker = None
-        if self.wait_scanner is not None:
-            self.wait_scanner.stop()  # finishes its pass rather than abandon a transaction
-        background = [t for t in self._background if t.get_name() != "cyclone-waits"]
-        waits = [t for t in self._background if t.get_name() == "cyclone-waits"]
-        if waits:
-            await asyncio.wait(waits, timeout=10)
+        # The scanners finish their pass rather than abandon a transaction.
+        for scanner in (self.wait_scanner, self.schedule_scanner, self.purger):
+            if scanner is not None:
+                scanner.stop()
+        graceful = [t for t in self._background if t.get_name() in _GRACEFUL]
+        if graceful:
+            await asyncio.wait(graceful, timeout=10)
         for task in self._background:
             task.cancel()
-        for task in [*background, *waits]:
+        for task in self._background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.wait_scanner = None
+        self.schedule_scanner = None
+        self.purger = None
         self._background.clear()
         if self._listener is not None:
             await self._listener.close()
@@ -835,6 +875,161 @@ class Client:
                 self.wait_scanner.kick()
         if woken:
             self._publisher.available(woken)
+
+    # -- schedules, retention, monitoring ---------------------------------------
+
+    async def create_schedule(
+        self,
+        id: str,
+        target: KindTarget | Workflow,
+        input: Any = None,
+        cron: str = "",
+        location: str = "Local",
+        **options: Any,
+    ) -> Schedule:
+        """Create a cron schedule that fires ``target`` with ``input`` at each slot.
+
+        Args:
+            id: the schedule's id (text, at most 256 bytes).
+            target: a kind (handler or name) or a :class:`cyclone.Workflow`; a workflow
+                schedule pins the workflow's current ``def_version``, and only a client
+                that registers that definition fires it.
+            input: the fired run's input, a JSON value.
+            cron: five cron fields, six with a leading seconds field, or a macro
+                (``@hourly``, ``@daily``, ``@weekly``, ``@monthly``, ``@yearly``).
+            location: an IANA time zone; ``"Local"`` is resolved to this machine's zone
+                and stored.
+            **options: for a kind: ``queue``, ``priority``, ``max_attempts``,
+                ``timeout``, ``retention`` (default: the kind's, then the client's
+                retention).
+
+        Returns:
+            The stored :class:`Schedule`; its first slot is the first after now.
+
+        Raises:
+            ValidationError: a bad id, cron expression, zone, input or option, or the
+                id is taken; nothing is written.
+            WorkflowError: an invalid workflow.
+        """
+        spec = self.config.schedule_spec(
+            id, target, input, cron=cron, location=location, options=options
+        )
+        async with self._engine_connection() as conn, conn.transaction():
+            await run_plan_async(conn, create_plan(spec))
+        return await self.get_schedule(spec.id)
+
+    async def update_schedule(
+        self,
+        id: str,
+        *,
+        target: KindTarget | Workflow | None = None,
+        input: Any = KEEP,
+        cron: str | None = None,
+        location: str | None = None,
+        **options: Any,
+    ) -> Schedule:
+        """Change a schedule; what is not given stays as stored.
+
+        A new cron expression or zone starts at the first slot after now; a new
+        workflow target pins that workflow's current definition. The failure count and
+        back-off are cleared.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+            ValidationError, WorkflowError: as :meth:`create_schedule`; nothing is
+                written.
+        """
+        rebuild = self.config.schedule_rebuild(
+            target=target, input=input, cron=cron, location=location, options=options
+        )
+        async with self._engine_connection() as conn, conn.transaction():
+            await run_plan_async(conn, update_plan(check_text(id, "schedule id"), rebuild))
+        return await self.get_schedule(id)
+
+    async def enable_schedule(self, id: str) -> Schedule:
+        """Let scanners fire the schedule again, from its next slot after now.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        return await self._set_enabled(id, True)
+
+    async def disable_schedule(self, id: str) -> Schedule:
+        """Stop firing the schedule (its definition and history stay).
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        return await self._set_enabled(id, False)
+
+    async def _set_enabled(self, id: str, enabled: bool) -> Schedule:
+        async with self._engine_connection() as conn, conn.transaction():
+            await run_plan_async(conn, set_enabled_plan(check_text(id, "schedule id"), enabled))
+        return await self.get_schedule(id)
+
+    async def delete_schedule(self, id: str) -> None:
+        """Delete the schedule and its fire records (the fired runs stay).
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        async with self._engine_connection() as conn:
+            stmt = Stmt(Q.schedules_delete, {"id": check_text(id, "schedule id")})
+            if not await fetch_async(conn, stmt):
+                raise NotFoundError(f"schedule {id!r} does not exist")
+
+    async def get_schedule(self, id: str) -> Schedule:
+        """The schedule with that id.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        async with self._engine_connection() as conn:
+            stmt = Stmt(Q.schedules_list, {"id": check_text(id, "schedule id")})
+            rows = await fetch_dicts_async(conn, stmt)
+        if not rows:
+            raise NotFoundError(f"schedule {id!r} does not exist")
+        return Schedule.from_row(rows[0])
+
+    async def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by id."""
+        async with self._engine_connection() as conn:
+            rows = await fetch_dicts_async(conn, Stmt(Q.schedules_list, {"id": None}))
+        return [Schedule.from_row(row) for row in rows]
+
+    async def purge(self, older_than: Duration | None = None) -> int:
+        """Delete terminal runs past their retention now, in batches; how many went.
+
+        Args:
+            older_than: ``timedelta`` or seconds; given, every terminal run that
+                finished at least that long ago goes, whatever its retention.
+
+        Returns:
+            The number of runs deleted (their steps, deps, signals and fires with them).
+
+        Raises:
+            ValidationError: a negative ``older_than``.
+        """
+        limit = seconds(older_than, "older_than", allow_zero=True)
+        async with self._engine_connection() as conn:
+            return await purge_async(conn, limit)
+
+    async def stats(self) -> dict[str, QueueStats]:
+        """Depth and age of every queue with unfinished work (``cyclone_v_queues``).
+
+        Returns:
+            queue name -> :class:`QueueStats` (available, running and waiting counts,
+            seconds since the oldest claimable step became due, expired leases).
+        """
+        async with self._engine_connection() as conn:
+            return {q.queue: q for q in await queue_stats_async(conn)}
+
+    @contextlib.asynccontextmanager
+    async def _engine_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """An engine connection (autocommit, READ COMMITTED), whatever pool was given."""
+        await self._open()
+        async with self._engine_pool.connection() as conn:
+            yield conn
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
         """Block until the run is terminal; the terminal :class:`Run`.

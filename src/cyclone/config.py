@@ -2,26 +2,40 @@
 
 Pure code (no I/O): the registry of kinds whose defaults an enqueue by name applies, the
 default retention, the validation of a caller's connection for ``*_tx`` calls, the
-tracking of caller transactions for wakeups, and the parameters of run listings.
+tracking of caller transactions for wakeups, the parameters of run listings, and the
+validation of schedules.
 """
 
 from __future__ import annotations
 
+import enum
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from psycopg import pq
 
 from cyclone.errors import ValidationError, WorkflowError
 from cyclone.handlers import Handler
-from cyclone.options import Duration, check_int, check_text, seconds
+from cyclone.options import Duration, JobOptions, check_int, check_kind, check_text, seconds
 from cyclone.producer import EnqueueRequest, KindTarget
+from cyclone.schedules import ScheduleSpec
 from cyclone.states import RunState
 from cyclone.submit import CompiledWorkflow, SubmitRequest, check_submit_options, compile_workflow
 from cyclone.workflow import Workflow
 
-__all__ = ["ENQUEUE_OPTIONS", "ClientConfig", "WakeupTracker", "list_runs_params"]
+__all__ = ["ENQUEUE_OPTIONS", "KEEP", "ClientConfig", "WakeupTracker", "list_runs_params"]
+
+
+class Keep(enum.Enum):
+    """The type of :data:`KEEP`."""
+
+    KEEP = "KEEP"
+
+
+KEEP = Keep.KEEP
+"""``update_schedule``'s default for ``input``: keep the stored input (``None`` is a
+valid input)."""
 
 ENQUEUE_OPTIONS = frozenset(
     {
@@ -168,6 +182,99 @@ class ClientConfig:
             many=many,
             **options,
         )
+
+    def schedule_target(self, target: Any) -> tuple[str, str | None, Handler | None]:
+        """``(kind, def_version, handler)`` of a schedule's target.
+
+        A workflow pins its current definition; a kind given by name takes the
+        registered kind's defaults, if any.
+
+        Raises:
+            WorkflowError: an invalid workflow.
+            ValidationError: not a kind, a kind name nor a workflow.
+        """
+        if isinstance(target, Workflow):
+            return target.name, self.compile(target).def_version, None
+        if isinstance(target, Handler):
+            return target.kind, None, target
+        kind = check_kind(target)
+        return kind, None, self.handlers.get(kind)
+
+    def schedule_spec(
+        self,
+        schedule_id: Any,
+        target: Any,
+        input: Any,
+        *,
+        cron: Any,
+        location: Any,
+        options: Mapping[str, Any],
+    ) -> ScheduleSpec:
+        """Validate a new schedule (``create_schedule``).
+
+        Raises:
+            ValidationError: naming the first bad value; WorkflowError: a bad workflow.
+        """
+        kind, def_version, handler = self.schedule_target(target)
+        return ScheduleSpec.build(
+            schedule_id,
+            kind=kind,
+            def_version=def_version,
+            input=input,
+            cron=cron,
+            location=location,
+            handler=handler,
+            default_retention=self.retention,
+            options=options,
+        )
+
+    def schedule_rebuild(
+        self,
+        *,
+        target: Any,
+        input: Any,
+        cron: Any,
+        location: Any,
+        options: Mapping[str, Any],
+    ) -> Callable[[dict[str, Any]], ScheduleSpec]:
+        """How ``update_schedule`` turns the stored row into the new definition.
+
+        ``None`` for ``target``, ``cron`` or ``location`` keeps the stored value,
+        :data:`KEEP` for ``input`` keeps the stored input; a kept kind target keeps its
+        stored options and the given ones override them.
+        """
+
+        def rebuild(row: dict[str, Any]) -> ScheduleSpec:
+            defaults: JobOptions | None = None
+            if target is None:
+                kind, def_version = row["kind"], row["def_version"]
+                handler = self.handlers.get(kind) if def_version is None else None
+                if def_version is None:
+                    defaults = JobOptions(
+                        queue=row["queue"],
+                        priority=row["priority"],
+                        max_attempts=row["max_attempts"],
+                        timeout=row["timeout_s"],
+                        retention=row["retention_s"],
+                    )
+            else:
+                kind, def_version, handler = self.schedule_target(target)
+            kept = input is KEEP
+            return ScheduleSpec.build(
+                row["id"],
+                kind=kind,
+                def_version=def_version,
+                input=row["input"] if kept else input,
+                input_is_json=kept,
+                cron=row["cron_spec"] if cron is None else cron,
+                location=row["location"] if location is None else location,
+                handler=handler,
+                default_retention=self.retention,
+                options=options,
+                defaults=defaults,
+            )
+
+        return rebuild
 
     def check_tx_conn(self, conn: Any, expected: type[Any]) -> None:
         """Refuse a connection a ``*_tx`` call cannot join; record nothing.

@@ -1,4 +1,5 @@
-"""The records producer and inspection calls return: ``Enqueued``, ``Run``, ``Step``.
+"""The records producer and inspection calls return: ``Enqueued``, ``Run``, ``Step``,
+``Schedule``.
 
 All are frozen dataclasses built from rows of ``runs_get``, ``runs_list`` and
 ``steps_list`` (python-api.md, Client). Timestamps are aware datetimes from the
@@ -14,7 +15,7 @@ from typing import Any
 from cyclone.errors import ValidationError
 from cyclone.states import RunState, StepState
 
-__all__ = ["Enqueued", "Run", "RunRef", "Step", "Submitted", "run_id_of"]
+__all__ = ["Enqueued", "Run", "RunRef", "Schedule", "Step", "Submitted", "run_id_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,63 @@ class Step:
         """Build from a ``steps_list`` row."""
         values = dict(row)
         values["state"] = StepState(values["state"])
+        values["timeout"] = values.pop("timeout_s")
+        values["retention"] = values.pop("retention_s")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron schedule (``cyclone_schedules``) as ``list_schedules`` returns it.
+
+    Attributes:
+        id: the schedule's id.
+        target: the fired kind, or the workflow's name.
+        def_version: the pinned workflow definition; ``None`` for a kind schedule.
+        input: the fired run's input (a JSON value).
+        cron: the cron expression (a macro stored expanded).
+        location: the IANA time zone its slots are computed in.
+        next_run_at: the next slot (aware, UTC).
+        enabled: whether scanners fire it.
+        last_run_id: the run of the last fire (``None`` once that run is purged).
+        last_error: the error of the last failed fire, cleared by a good one.
+        consecutive_failures: failed fires since the last good one.
+        queue, priority, max_attempts: the fired step's routing and attempts.
+        timeout, retention: seconds or ``None``.
+        lease_owner, lease_expiry: the scanner lease; with no owner, a future
+            ``lease_expiry`` is the back-off after a failed fire.
+        created_at, updated_at: lifecycle timestamps.
+    """
+
+    __module__ = "cyclone"
+
+    id: str
+    target: str
+    def_version: str | None
+    input: Any
+    cron: str
+    location: str
+    next_run_at: datetime
+    enabled: bool
+    last_run_id: int | None
+    last_error: str | None
+    consecutive_failures: int
+    queue: str
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    retention: float | None
+    lease_owner: str | None
+    lease_expiry: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Schedule:
+        """Build from a ``schedules_list`` row."""
+        values = dict(row)
+        values["target"] = values.pop("kind")
+        values["cron"] = values.pop("cron_spec")
         values["timeout"] = values.pop("timeout_s")
         values["retention"] = values.pop("retention_s")
         return cls(**values)

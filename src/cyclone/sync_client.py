@@ -17,12 +17,13 @@ from typing import Any, Self, Unpack
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cyclone.config import ClientConfig, WakeupTracker, list_runs_params
+from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import engine_conninfo
 from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema, migrate
+from cyclone.monitor import QueueStats, queue_stats_sync
 from cyclone.notify import (
     RUN_DONE,
     publish_sync,
@@ -41,8 +42,10 @@ from cyclone.producer import (
     enqueue_stmt,
     enqueued_from_rows,
 )
-from cyclone.records import Enqueued, Run, RunRef, Step, Submitted, run_id_of
+from cyclone.records import Enqueued, Run, RunRef, Schedule, Step, Submitted, run_id_of
+from cyclone.scanners.purge import purge_sync
 from cyclone.scanners.waits import MARKS
+from cyclone.schedules import create_plan, set_enabled_plan, update_plan
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
@@ -471,6 +474,121 @@ class SyncClient:
                     queues.update(q for q in row[-1] if q not in MARKS)
             self._publish(conn, queues, (run_id,))
         return rows
+
+    # -- schedules, retention ----------------------------------------------------
+
+    def create_schedule(
+        self,
+        id: str,
+        target: KindTarget | Workflow,
+        input: Any = None,
+        cron: str = "",
+        location: str = "Local",
+        **options: Any,
+    ) -> Schedule:
+        """Create a cron schedule (see ``Client.create_schedule``).
+
+        Raises:
+            ValidationError: a bad id, cron expression, zone, input or option, or the
+                id is taken; nothing is written.
+            WorkflowError: an invalid workflow.
+        """
+        spec = self.config.schedule_spec(
+            id, target, input, cron=cron, location=location, options=options
+        )
+        with self._connection() as conn, conn.transaction():
+            run_plan_sync(conn, create_plan(spec))
+        return self.get_schedule(spec.id)
+
+    def update_schedule(
+        self,
+        id: str,
+        *,
+        target: KindTarget | Workflow | None = None,
+        input: Any = KEEP,
+        cron: str | None = None,
+        location: str | None = None,
+        **options: Any,
+    ) -> Schedule:
+        """Change a schedule; what is not given stays (see ``Client.update_schedule``).
+
+        Raises:
+            NotFoundError: no schedule has that id.
+            ValidationError, WorkflowError: a bad value; nothing is written.
+        """
+        rebuild = self.config.schedule_rebuild(
+            target=target, input=input, cron=cron, location=location, options=options
+        )
+        with self._connection() as conn, conn.transaction():
+            run_plan_sync(conn, update_plan(check_text(id, "schedule id"), rebuild))
+        return self.get_schedule(id)
+
+    def enable_schedule(self, id: str) -> Schedule:
+        """Fire the schedule again, from its next slot after now.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        return self._set_enabled(id, True)
+
+    def disable_schedule(self, id: str) -> Schedule:
+        """Stop firing the schedule.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        return self._set_enabled(id, False)
+
+    def _set_enabled(self, id: str, enabled: bool) -> Schedule:
+        with self._connection() as conn, conn.transaction():
+            run_plan_sync(conn, set_enabled_plan(check_text(id, "schedule id"), enabled))
+        return self.get_schedule(id)
+
+    def delete_schedule(self, id: str) -> None:
+        """Delete the schedule and its fire records (the fired runs stay).
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        with self._connection() as conn, conn.transaction():
+            stmt = Stmt(Q.schedules_delete, {"id": check_text(id, "schedule id")})
+            if not fetch_sync(conn, stmt):
+                raise NotFoundError(f"schedule {id!r} does not exist")
+
+    def get_schedule(self, id: str) -> Schedule:
+        """The schedule with that id.
+
+        Raises:
+            NotFoundError: no schedule has that id.
+        """
+        with self._connection() as conn:
+            rows = fetch_dicts_sync(
+                conn, Stmt(Q.schedules_list, {"id": check_text(id, "schedule id")})
+            )
+        if not rows:
+            raise NotFoundError(f"schedule {id!r} does not exist")
+        return Schedule.from_row(rows[0])
+
+    def list_schedules(self) -> list[Schedule]:
+        """Every schedule, by id."""
+        with self._connection() as conn:
+            rows = fetch_dicts_sync(conn, Stmt(Q.schedules_list, {"id": None}))
+        return [Schedule.from_row(row) for row in rows]
+
+    def purge(self, older_than: Duration | None = None) -> int:
+        """Delete terminal runs past their retention now (see ``Client.purge``).
+
+        Raises:
+            ValidationError: a negative ``older_than``.
+        """
+        limit = seconds(older_than, "older_than", allow_zero=True)
+        with self._connection() as conn:
+            return purge_sync(conn, limit)
+
+    def stats(self) -> dict[str, QueueStats]:
+        """Depth and age of every queue with unfinished work (see ``Client.stats``)."""
+        with self._connection() as conn:
+            return {q.queue: q for q in queue_stats_sync(conn)}
 
     def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
         """Block until the run is terminal (see ``Client.wait``).

@@ -16,7 +16,15 @@ from typing import LiteralString
 __all__ = ["Q", "Queries", "load_blocks"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_FILES = ("steps.sql", "runs.sql", "signals.sql", "notify.sql", "migrate.sql")
+_FILES = (
+    "steps.sql",
+    "runs.sql",
+    "signals.sql",
+    "schedules.sql",
+    "notify.sql",
+    "migrate.sql",
+    "monitor.sql",
+)
 
 
 def load_blocks(text: str) -> dict[str, str]:
@@ -86,6 +94,7 @@ class Queries:
     runs_cancel: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString
+    runs_purge: LiteralString
     # signals.sql
     signals_run_lock: LiteralString
     signals_waits: LiteralString
@@ -93,6 +102,17 @@ class Queries:
     signals_insert: LiteralString
     signals_consume: LiteralString
     signals_ready_runs: LiteralString
+    # schedules.sql
+    schedules_now: LiteralString
+    schedules_insert: LiteralString
+    schedules_lock: LiteralString
+    schedules_replace: LiteralString
+    schedules_set_enabled: LiteralString
+    schedules_delete: LiteralString
+    schedules_list: LiteralString
+    schedules_claim: LiteralString
+    schedules_fired: LiteralString
+    schedules_failed: LiteralString
     # notify.sql
     notify_publish: LiteralString
     notify_available: LiteralString
@@ -106,6 +126,12 @@ class Queries:
     migrate_applied: LiteralString
     migrate_current: LiteralString
     migrate_record: LiteralString
+    # monitor.sql
+    monitor_queues: LiteralString
+    monitor_kinds: LiteralString
+    monitor_steps: LiteralString
+    monitor_run_steps: LiteralString
+    monitor_run_deps: LiteralString
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)

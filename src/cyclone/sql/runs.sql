@@ -522,3 +522,40 @@ SELECT (SELECT count(*) FROM reset) AS steps_reset,
 -- The first statement of a transaction on a connection the engine does not configure
 -- (a caller's pool): the advance relies on READ COMMITTED.
 SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
+
+
+-- name: runs_purge
+-- Delete one bounded batch of terminal runs past their retention; steps, deps, input
+-- bindings, signals and schedule fires go with them by cascade. A run is past its
+-- retention when every one of its steps has a retention and has outlived it (a step
+-- with no retention keeps its run forever), or, when older_than_us is given, when it
+-- finished at least that long ago whatever its retention. A terminal child run stays
+-- while its parent run is running or paused. Never a non-terminal run: the state is
+-- rechecked under the row lock, and a run another transaction holds is skipped.
+WITH doomed AS (
+    SELECT r.id
+    FROM cyclone_runs r
+    WHERE r.state IN ('completed', 'failed', 'cancelled')
+      AND r.finished_at IS NOT NULL
+      AND CASE
+              WHEN %(older_than_us)s::bigint IS NULL THEN NOT EXISTS (
+                  SELECT 1
+                  FROM cyclone_steps s
+                  WHERE s.run_id = r.id
+                    AND (s.retention IS NULL OR r.finished_at + s.retention > now()))
+              ELSE r.finished_at
+                   <= now() - %(older_than_us)s::bigint * interval '1 microsecond'
+          END
+      AND NOT EXISTS (
+          SELECT 1
+          FROM cyclone_runs p
+          WHERE p.id = r.parent_run_id
+            AND p.state IN ('running', 'paused'))
+    ORDER BY r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM cyclone_runs r
+USING doomed
+WHERE r.id = doomed.id
+RETURNING r.id;

@@ -1,0 +1,119 @@
+"""Retention: delete terminal runs past their retention, in bounded batches.
+
+schema-reference, the retention columns and Lifecycle notes; decisions.md, Schedules
+and retention. Each step row stores its effective retention at insert (the step's
+option, else the kind's, else the client default), so every purger deletes the same
+runs: a run goes once every one of its steps has outlived its retention since the run
+finished (a step with no retention keeps its run forever). Deleting a run cascades to
+its steps, deps, input bindings, signals and schedule fires; a schedule's
+``last_run_id`` becomes NULL. A terminal child run stays while its parent run is
+running or paused; a non-terminal run is never touched.
+
+Every started client purges every ``purge_interval`` seconds; ``Client.purge()`` and
+``cyclone purge`` purge on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.options import micros
+from cyclone.sql import Q
+
+__all__ = ["PURGE_BATCH", "Purger", "purge_async", "purge_sync"]
+
+log = logging.getLogger("cyclone.purge")
+
+PURGE_BATCH = 500
+"""Runs one purge transaction deletes at most."""
+
+
+def _stmt(older_than: float | None, batch: int) -> Stmt:
+    return Stmt(Q.runs_purge, {"older_than_us": micros(older_than), "limit": batch})
+
+
+async def purge_async(
+    conn: psycopg.AsyncConnection[Any],
+    older_than: float | None = None,
+    *,
+    batch: int = PURGE_BATCH,
+    max_batches: int | None = None,
+) -> int:
+    """Delete expired terminal runs, one committed batch at a time; how many went.
+
+    Args:
+        conn: a connection outside a transaction (each batch is its own transaction).
+        older_than: seconds; given, every terminal run finished at least that long ago
+            goes, whatever its retention. ``None``: each run's own retention.
+        batch: runs per transaction.
+        max_batches: stop after this many batches (``None``: until none is left).
+    """
+    total = 0
+    done = 0
+    while max_batches is None or done < max_batches:
+        async with conn.transaction():
+            deleted = len(await fetch_async(conn, _stmt(older_than, batch)))
+        total += deleted
+        done += 1
+        if deleted < batch:
+            break
+    return total
+
+
+def purge_sync(
+    conn: psycopg.Connection[Any],
+    older_than: float | None = None,
+    *,
+    batch: int = PURGE_BATCH,
+) -> int:
+    """:func:`purge_async` on a synchronous connection, until none is left."""
+    total = 0
+    while True:
+        with conn.transaction():
+            deleted = len(fetch_sync(conn, _stmt(older_than, batch)))
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+class Purger:
+    """Purges expired runs every ``interval`` seconds (with 10 % jitter)."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any], *, interval: float) -> None:
+        self._pool = pool
+        self.interval = interval
+        self._stopping = False
+        self._wake = asyncio.Event()
+
+    def stop(self) -> None:
+        """Let :meth:`run` return after the batch in progress."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Purge until stopped; an error is logged and the next pass comes on schedule."""
+        while not self._stopping:
+            try:
+                await self.purge_once()
+            except Exception as exc:
+                log.warning("purge failed: %s", exc)
+            try:
+                async with asyncio.timeout(self.interval * random.uniform(0.9, 1.1)):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def purge_once(self) -> int:
+        """One pass: at most 20 batches, so one client never holds the table long."""
+        async with self._pool.connection() as conn:
+            deleted = await purge_async(conn, max_batches=20)
+        if deleted:
+            log.info("purged %d expired run(s)", deleted)
+        return deleted

@@ -1,0 +1,227 @@
+"""The schedule scanner: fires the due slots of cron schedules, each exactly once.
+
+postgres-architecture, Locks Used and Transaction Boundaries ("Schedule fire");
+schema-reference, ``cyclone_schedules`` and ``cyclone_schedule_fires``; decisions.md,
+Schedules and retention. Every started client runs one. A pass:
+
+1. claims due schedules with ``FOR UPDATE SKIP LOCKED`` and takes a scanner lease on
+   each (``schedules_claim``, idx_schedules_due), so scanners of any number of clients
+   share the schedules and never wait for each other;
+2. fires each claimed schedule in its own transaction: the run is inserted (an enqueue
+   of the kind, or a submit of the pinned workflow definition), then one statement moves
+   ``next_run_at`` forward (guarded on the lease and on the ``next_run_at`` the claim
+   read) and inserts the ``cyclone_schedule_fires`` row, whose primary key would refuse
+   a second fire of the slot. A guard that matches nothing rolls the fire back: another
+   scanner (after the lease expired) or an update got there first.
+3. A fire that fails records ``last_error``, counts ``consecutive_failures`` and backs
+   off: no scanner claims the schedule for 2^failures seconds (at most ten minutes).
+
+Which slot fires is :func:`cyclone.schedules.fire_plan`'s decision (catch-up policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, run_plan_async
+from cyclone.notify import Publisher
+from cyclone.options import micros
+from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, fire_plan
+from cyclone.sql import Q
+from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
+
+__all__ = ["FAILURE_CAP", "ScheduleScanResult", "ScheduleScanner"]
+
+log = logging.getLogger("cyclone.schedules")
+
+FAILURE_CAP = 600.0
+"""Longest back-off, in seconds, of a schedule whose fires keep failing."""
+
+
+class _LostSlot(Exception):
+    """The fire's guard matched nothing: roll the fire back."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleScanResult:
+    """What one pass did: slots fired, fires that failed, fires another got first."""
+
+    fired: int = 0
+    failed: int = 0
+    lost: int = 0
+
+
+class ScheduleScanner:
+    """Fires due schedules every ``interval`` seconds (with 10 % jitter).
+
+    Args:
+        pool: the engine pool (READ COMMITTED connections).
+        publisher: announces the queues of fired runs after their commit.
+        owner: this client's id, written as the scanner lease owner.
+        interval: seconds between passes.
+        definitions: the workflow definitions this client knows, by def_version; a
+            workflow schedule is fired only by a client that knows its pinned version.
+        catch_up: the policy for slots missed while no client ran.
+        lease_ttl: seconds a claim holds a schedule against other scanners.
+        batch: most schedules one claim takes.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        publisher: Publisher,
+        *,
+        owner: str,
+        interval: float,
+        definitions: Mapping[str, CompiledWorkflow],
+        catch_up: CatchUp = "latest",
+        lease_ttl: float = 30.0,
+        batch: int = 50,
+    ) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self._owner = owner
+        self.interval = interval
+        self._definitions = definitions
+        self.catch_up: CatchUp = catch_up
+        self._lease_us = micros(lease_ttl)
+        self._batch = batch
+        self._stopping = False
+        self._wake = asyncio.Event()
+        self.passes = 0
+        """Passes :meth:`run` has finished (tests wait for the first one)."""
+
+    def stop(self) -> None:
+        """Let :meth:`run` return after the pass in progress."""
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Scan until stopped; an error is logged and the next pass comes on schedule."""
+        while not self._stopping:
+            try:
+                result = await self.scan_once()
+            except Exception as exc:
+                log.warning("schedule scan failed: %s", exc)
+                result = ScheduleScanResult()
+            self.passes += 1
+            if result.fired + result.failed + result.lost >= self._batch:
+                continue  # more may be due at once (catch-up "all", many schedules)
+            try:
+                async with asyncio.timeout(self.interval * random.uniform(0.9, 1.1)):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def scan_once(self) -> ScheduleScanResult:
+        """Claim the due schedules and fire one slot of each; returns what it did."""
+        async with self._pool.connection() as conn:
+            claimed = await fetch_dicts_async(
+                conn,
+                Stmt(
+                    Q.schedules_claim,
+                    {
+                        "owner": self._owner,
+                        "ttl_us": self._lease_us,
+                        "limit": self._batch,
+                        "versions": list(self._definitions),
+                    },
+                ),
+            )
+        fired = failed = lost = 0
+        for row in claimed:
+            try:
+                queues = await self._fire(row)
+            except _LostSlot:
+                lost += 1
+                continue
+            except Exception as exc:
+                failed += 1
+                await self._record_failure(row["id"], exc)
+                continue
+            fired += 1
+            self._publisher.available(queues)
+        return ScheduleScanResult(fired=fired, failed=failed, lost=lost)
+
+    async def _fire(self, row: dict[str, Any]) -> set[str]:
+        plan = fire_plan(
+            row["cron_spec"], row["location"], row["next_run_at"], row["now"], self.catch_up
+        )
+        if plan.skipped:
+            log.info(
+                "schedule %r: %s missed slot(s) before %s not fired (catch-up 'latest')",
+                row["id"],
+                f"{plan.skipped}+" if plan.skipped >= SKIP_COUNT_LIMIT else plan.skipped,
+                plan.slot.isoformat(),
+            )
+        async with self._pool.connection() as conn, conn.transaction():
+            if row["def_version"] is None:
+                rows = await fetch_async(conn, Stmt(Q.steps_enqueue, _enqueue_params(row)))
+                run_id = rows[0][1]
+                queues = {row["queue"]}
+            else:
+                compiled = self._definitions[row["def_version"]]
+                request = SubmitRequest.build(compiled, json.loads(row["input"]))
+                run_id = (await run_plan_async(conn, submit_plan(request))).run_id
+                queues = set(compiled.queues)
+            done = await fetch_async(
+                conn,
+                Stmt(
+                    Q.schedules_fired,
+                    {
+                        "id": row["id"],
+                        "owner": self._owner,
+                        "due": row["next_run_at"],
+                        "slot": plan.slot,
+                        "next_run_at": plan.next_run_at,
+                        "run_id": run_id,
+                    },
+                ),
+            )
+            if not done:
+                raise _LostSlot(row["id"])
+        log.info("schedule %r fired slot %s: run %d", row["id"], plan.slot.isoformat(), run_id)
+        return queues
+
+    async def _record_failure(self, schedule_id: str, exc: Exception) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, psycopg.Error):
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        async with self._pool.connection() as conn:
+            rows = await fetch_async(
+                conn,
+                Stmt(
+                    Q.schedules_failed,
+                    {"id": schedule_id, "owner": self._owner, "error": error, "cap_s": FAILURE_CAP},
+                ),
+            )
+        if rows:
+            log.warning(
+                "schedule %r failed to fire (%d in a row): %s", schedule_id, rows[0][0], error
+            )
+
+
+def _enqueue_params(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``steps_enqueue`` parameters for a kind schedule's fire (the row's options)."""
+    return {
+        "kind": row["kind"],
+        "queue": row["queue"],
+        "priority": row["priority"],
+        "max_attempts": row["max_attempts"],
+        "scheduled_at": None,
+        "delay_us": 0,
+        "timeout_us": row["timeout_us"],
+        "unique_key": None,
+        "sequence_key": None,
+        "retention_us": row["retention_us"],
+        "input": row["input"],
+    }

@@ -1,0 +1,201 @@
+"""The pure next-slot function and fire plans: cron parsing, zones, daylight saving.
+
+decisions.md, Schedules and retention: an hour-wildcard schedule runs in every real
+hour; a fixed time that does not exist runs once at the next valid instant, one that
+occurs twice runs once, at its first occurrence.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+
+import cyclone
+from cyclone.config import ClientConfig
+from cyclone.schedules import (
+    fire_plan,
+    latest_slot,
+    next_slot,
+    parse_cron,
+    resolve_location,
+    slots_between,
+)
+
+LA = "America/Los_Angeles"
+BERLIN = "Europe/Berlin"
+
+
+def day_slots(cron: str, zone: str, year: int, month: int, day: int) -> list[datetime]:
+    """Every slot of one local calendar day, as local times."""
+    tz = ZoneInfo(zone)
+    start = datetime(year, month, day, tzinfo=tz)
+    end = start + timedelta(days=1)  # wall-clock midnight of the next day
+    before = (start - timedelta(microseconds=1)).astimezone(UTC)
+    return [s.astimezone(tz) for s in slots_between(parse_cron(cron), zone, before, end)]
+
+
+def local(zone: str, *fields: int, fold: int = 0) -> datetime:
+    return datetime(*fields, tzinfo=ZoneInfo(zone), fold=fold)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("zone", "fall_back"), [(LA, (2026, 11, 1)), (BERLIN, (2026, 10, 25))])
+def test_hourly_schedule_runs_25_times_on_the_fall_back_day(
+    zone: str, fall_back: tuple[int, int, int]
+) -> None:
+    slots = day_slots("0 * * * *", zone, *fall_back)
+    assert len(slots) == 25
+    assert len({s.astimezone(UTC) for s in slots}) == 25  # 25 distinct instants
+    hours = [s.hour for s in slots]
+    repeated = 1 if zone == LA else 2
+    assert hours.count(repeated) == 2  # both of the repeated wall-clock hour
+
+
+@pytest.mark.parametrize(("zone", "spring"), [(LA, (2026, 3, 8)), (BERLIN, (2026, 3, 29))])
+def test_hourly_schedule_skips_the_missing_hour_of_spring_forward(
+    zone: str, spring: tuple[int, int, int]
+) -> None:
+    slots = day_slots("0 * * * *", zone, *spring)
+    assert len(slots) == 23
+    assert 2 not in [s.hour for s in slots]
+
+
+@pytest.mark.parametrize(("zone", "spring"), [(LA, (2026, 3, 8)), (BERLIN, (2026, 3, 29))])
+def test_fixed_time_in_the_missing_hour_runs_once_at_the_next_valid_instant(
+    zone: str, spring: tuple[int, int, int]
+) -> None:
+    slots = day_slots("30 2 * * *", zone, *spring)
+    assert slots == [local(zone, *spring, 3, 0)]
+    # the day before and after: 02:30 as usual
+    before = day_slots("30 2 * * *", zone, *(datetime(*spring) - timedelta(days=1)).timetuple()[:3])
+    assert [(s.hour, s.minute) for s in before] == [(2, 30)]
+
+
+@pytest.mark.parametrize(
+    ("zone", "fall_back", "hour"), [(LA, (2026, 11, 1), 1), (BERLIN, (2026, 10, 25), 2)]
+)
+def test_fixed_time_in_the_repeated_hour_runs_once_at_its_first_occurrence(
+    zone: str, fall_back: tuple[int, int, int], hour: int
+) -> None:
+    slots = day_slots(f"30 {hour} * * *", zone, *fall_back)
+    assert len(slots) == 1
+    first = local(zone, *fall_back, hour, 30, fold=0)
+    assert slots[0].astimezone(UTC) == first.astimezone(UTC)
+    # the second occurrence is one hour later in absolute time, and is not a slot
+    second = local(zone, *fall_back, hour, 30, fold=1)
+    assert second.astimezone(UTC) - first.astimezone(UTC) == timedelta(hours=1)
+
+
+def test_next_slot_is_strictly_after_and_in_utc() -> None:
+    at = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    assert next_slot("0 * * * *", "UTC", at) == datetime(2026, 1, 1, 13, 0, tzinfo=UTC)
+    assert next_slot("0 * * * *", "UTC", at - timedelta(microseconds=1)) == at
+    slot = next_slot("0 9 * * *", BERLIN, at)
+    assert slot.tzinfo is UTC
+    assert slot == datetime(2026, 1, 2, 8, 0, tzinfo=UTC)  # 09:00 CET
+    assert latest_slot("0 * * * *", "UTC", at) == at
+    assert latest_slot("0 * * * *", "UTC", at - timedelta(seconds=1)) == at - timedelta(hours=1)
+
+
+def test_macros_and_seconds_field() -> None:
+    assert parse_cron("@hourly") == "0 * * * *"
+    assert parse_cron("@DAILY") == "0 0 * * *"
+    assert parse_cron("@midnight") == parse_cron("@daily")
+    assert parse_cron("@weekly") == "0 0 * * 0"
+    assert parse_cron("@monthly") == "0 0 1 * *"
+    assert parse_cron("@yearly") == parse_cron("@annually") == "0 0 1 1 *"
+    assert parse_cron("  */5   *  * * * ") == "*/5 * * * *"
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    assert next_slot(parse_cron("*/10 * * * * *"), "UTC", at) == at + timedelta(seconds=10)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "* * *", "61 * * * *", "* 25 * * *", "@reboot", "@every 5m", "not a cron", 5, None],
+)
+def test_bad_cron_strings_raise_validation_error(bad: object) -> None:
+    with pytest.raises(cyclone.ValidationError) as info:
+        parse_cron(bad)
+    assert repr(bad) in str(info.value)
+
+
+@pytest.mark.parametrize("bad", ["Mars/Olympus_Mons", "", "../etc/passwd", "UTC+5", 3])
+def test_unknown_zones_raise_validation_error(bad: object) -> None:
+    with pytest.raises(cyclone.ValidationError) as info:
+        resolve_location(bad)
+    assert repr(bad) in str(info.value)
+
+
+def test_local_resolves_to_an_iana_name() -> None:
+    name = resolve_location("Local")
+    assert name != "Local"
+    ZoneInfo(name)
+    assert resolve_location(BERLIN) == BERLIN
+
+
+def test_catch_up_latest_fires_the_last_missed_slot_once() -> None:
+    now = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
+    due = datetime(2026, 1, 1, 7, 0, tzinfo=UTC)  # five hours of slots missed
+    plan = fire_plan("0 * * * *", "UTC", due, now)
+    assert plan.slot == datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    assert plan.next_run_at == datetime(2026, 1, 1, 13, 0, tzinfo=UTC)
+    assert plan.skipped == 5  # 07:00 .. 11:00
+    on_time = fire_plan("0 * * * *", "UTC", plan.slot, plan.slot + timedelta(seconds=1))
+    assert (on_time.slot, on_time.skipped) == (plan.slot, 0)
+
+
+def test_catch_up_all_works_through_the_missed_slots_in_order() -> None:
+    now = datetime(2026, 1, 1, 12, 30, tzinfo=UTC)
+    due = datetime(2026, 1, 1, 7, 0, tzinfo=UTC)
+    fired = []
+    while due <= now:
+        plan = fire_plan("0 * * * *", "UTC", due, now, catch_up="all")
+        fired.append(plan.slot.hour)
+        assert plan.next_run_at > plan.slot
+        due = plan.next_run_at
+    assert fired == [7, 8, 9, 10, 11, 12]
+
+
+def test_fire_plan_refuses_a_slot_not_yet_due_and_an_unknown_policy() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(cyclone.ValidationError):
+        fire_plan("0 * * * *", "UTC", now + timedelta(hours=1), now)
+    with pytest.raises(cyclone.ValidationError, match="'burst'"):
+        fire_plan("0 * * * *", "UTC", now, now, catch_up="burst")  # type: ignore[arg-type]
+
+
+def test_schedule_spec_validates_before_anything_is_written() -> None:
+    @cyclone.action("sched_unit_kind", queue="q1", max_attempts=3)
+    async def kind(ctx: cyclone.Context, value: object) -> None:
+        return None
+
+    wf = cyclone.Workflow("sched_unit_wf")
+    wf.node("a", kind)
+    config = ClientConfig(handlers=[kind], schema="public", retention=60.0, notify=True)
+
+    def spec(target: object = kind, **options: object) -> object:
+        return config.schedule_spec(
+            "s1", target, {"x": 1}, cron="@hourly", location="UTC", options=options
+        )
+
+    made = spec()
+    assert made.options.queue == "q1"  # type: ignore[attr-defined]
+    assert made.options.max_attempts == 3  # type: ignore[attr-defined]
+    assert made.options.retention == 60.0  # type: ignore[attr-defined]  # client default
+    assert spec(priority=5).options.priority == 5  # type: ignore[attr-defined]
+    pinned = spec(wf)
+    assert pinned.def_version == config.compile(wf).def_version  # type: ignore[attr-defined]
+    for bad, message in [
+        ({"target": wf, "queue": "x"}, "apply to a kind schedule"),
+        ({"colour": "red"}, "unknown schedule option"),
+        ({"priority": "high"}, "priority"),
+        ({"queue": "q" * 300}, "queue"),
+        ({"target": 42}, "kind"),
+    ]:
+        with pytest.raises(cyclone.ValidationError, match=message):
+            spec(**bad)
+    with pytest.raises(cyclone.ValidationError, match="input of schedule 's1'"):
+        config.schedule_spec("s1", kind, {1, 2}, cron="@hourly", location="UTC", options={})
+    with pytest.raises(cyclone.ValidationError, match="schedule id"):
+        config.schedule_spec("", kind, None, cron="@hourly", location="UTC", options={})
