@@ -1,0 +1,201 @@
+-- The demo's business tables and queries (application SQL, not the engine's).
+--
+-- Staging tables hold the raw CSV rows of one run (keyed by run_id, so demos running
+-- at once on one database never mix); the aggregate tables hold what the report reads.
+-- Delays are kept as sums and counts, so that yearly means are exact.
+
+
+-- name: demo_schema
+CREATE TABLE IF NOT EXISTS demo_flights (
+    run_id bigint NOT NULL, year int, month int, day int, dep_time int,
+    sched_dep_time int, dep_delay int, arr_time int, sched_arr_time int, arr_delay int,
+    carrier text, flight int, tailnum text, origin text, dest text, air_time int,
+    distance int, hour int, minute int, time_hour timestamptz);
+CREATE INDEX IF NOT EXISTS demo_flights_run_month ON demo_flights (run_id, month);
+CREATE TABLE IF NOT EXISTS demo_weather (
+    run_id bigint NOT NULL, origin text, year int, month int, day int, hour int,
+    temp float8, dewp float8, humid float8, wind_dir float8, wind_speed float8,
+    wind_gust float8, precip float8, pressure float8, visib float8,
+    time_hour timestamptz);
+CREATE INDEX IF NOT EXISTS demo_weather_run_slot ON demo_weather (run_id, origin, time_hour);
+CREATE TABLE IF NOT EXISTS demo_month_carrier (
+    run_id bigint NOT NULL, month int NOT NULL, carrier text NOT NULL,
+    flights int NOT NULL, cancelled int NOT NULL,
+    dep_delay_sum bigint NOT NULL, dep_delay_n int NOT NULL,
+    arr_delay_sum bigint NOT NULL, arr_delay_n int NOT NULL,
+    PRIMARY KEY (run_id, month, carrier));
+CREATE TABLE IF NOT EXISTS demo_month_origin (
+    run_id bigint NOT NULL, month int NOT NULL, origin text NOT NULL,
+    flights int NOT NULL, cancelled int NOT NULL,
+    dep_delay_sum bigint NOT NULL, dep_delay_n int NOT NULL,
+    arr_delay_sum bigint NOT NULL, arr_delay_n int NOT NULL,
+    PRIMARY KEY (run_id, month, origin));
+CREATE TABLE IF NOT EXISTS demo_weather_effect (
+    run_id bigint NOT NULL, origin text NOT NULL, condition text NOT NULL,
+    flights int NOT NULL, mean_dep_delay float8,
+    PRIMARY KEY (run_id, origin, condition));
+CREATE TABLE IF NOT EXISTS demo_airlines (carrier text PRIMARY KEY, name text NOT NULL);
+CREATE TABLE IF NOT EXISTS demo_reports (
+    run_id bigint PRIMARY KEY, markdown text NOT NULL, chart_png bytea NOT NULL,
+    figures jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+
+
+-- name: demo_stage_flights
+CREATE TEMP TABLE demo_flights_in (LIKE demo_flights) ON COMMIT DROP;
+ALTER TABLE demo_flights_in DROP COLUMN run_id;
+
+
+-- name: demo_copy_flights
+COPY demo_flights_in FROM STDIN (FORMAT csv, HEADER true, NULL 'NA');
+
+
+-- name: demo_load_flights
+-- Replace this run's staged flights (a retried load starts from nothing) and return the
+-- months found with their flight counts.
+WITH gone AS (
+    DELETE FROM demo_flights WHERE run_id = %(run_id)s
+), loaded AS (
+    INSERT INTO demo_flights
+    SELECT %(run_id)s, i.* FROM demo_flights_in i
+    RETURNING month
+)
+SELECT month, count(*)::int FROM loaded GROUP BY month ORDER BY month;
+
+
+-- name: demo_stage_airlines
+CREATE TEMP TABLE demo_airlines_in (LIKE demo_airlines) ON COMMIT DROP;
+
+
+-- name: demo_copy_airlines
+COPY demo_airlines_in FROM STDIN (FORMAT csv, HEADER true);
+
+
+-- name: demo_load_airlines
+INSERT INTO demo_airlines SELECT * FROM demo_airlines_in ON CONFLICT (carrier) DO NOTHING;
+
+
+-- name: demo_stage_weather
+CREATE TEMP TABLE demo_weather_in (LIKE demo_weather) ON COMMIT DROP;
+ALTER TABLE demo_weather_in DROP COLUMN run_id;
+
+
+-- name: demo_copy_weather
+COPY demo_weather_in FROM STDIN (FORMAT csv, HEADER true, NULL 'NA');
+
+
+-- name: demo_load_weather
+WITH gone AS (
+    DELETE FROM demo_weather WHERE run_id = %(run_id)s
+), loaded AS (
+    INSERT INTO demo_weather
+    SELECT %(run_id)s, i.* FROM demo_weather_in i
+    RETURNING 1
+)
+SELECT count(*)::int FROM loaded;
+
+
+-- name: demo_month_by_carrier
+-- One month's flights, cancellations (no departure time) and delay sums per carrier.
+INSERT INTO demo_month_carrier
+SELECT %(run_id)s, month, carrier, count(*), count(*) FILTER (WHERE dep_time IS NULL),
+       coalesce(sum(dep_delay), 0), count(dep_delay),
+       coalesce(sum(arr_delay), 0), count(arr_delay)
+FROM demo_flights
+WHERE run_id = %(run_id)s AND month = %(month)s
+GROUP BY month, carrier
+ON CONFLICT (run_id, month, carrier) DO UPDATE
+SET flights = excluded.flights, cancelled = excluded.cancelled,
+    dep_delay_sum = excluded.dep_delay_sum, dep_delay_n = excluded.dep_delay_n,
+    arr_delay_sum = excluded.arr_delay_sum, arr_delay_n = excluded.arr_delay_n;
+
+
+-- name: demo_month_by_origin
+INSERT INTO demo_month_origin
+SELECT %(run_id)s, month, origin, count(*), count(*) FILTER (WHERE dep_time IS NULL),
+       coalesce(sum(dep_delay), 0), count(dep_delay),
+       coalesce(sum(arr_delay), 0), count(arr_delay)
+FROM demo_flights
+WHERE run_id = %(run_id)s AND month = %(month)s
+GROUP BY month, origin
+ON CONFLICT (run_id, month, origin) DO UPDATE
+SET flights = excluded.flights, cancelled = excluded.cancelled,
+    dep_delay_sum = excluded.dep_delay_sum, dep_delay_n = excluded.dep_delay_n,
+    arr_delay_sum = excluded.arr_delay_sum, arr_delay_n = excluded.arr_delay_n
+RETURNING flights, cancelled;
+
+
+-- name: demo_weather_effect
+-- Mean departure delay per origin airport under each weather condition of the hour
+-- the flight was scheduled in: any precipitation or none, visibility under 3 miles
+-- or not.
+WITH joined AS (
+    SELECT f.origin, f.dep_delay, w.precip, w.visib
+    FROM demo_flights f
+    JOIN demo_weather w
+      ON w.run_id = f.run_id AND w.origin = f.origin AND w.time_hour = f.time_hour
+    WHERE f.run_id = %(run_id)s AND f.dep_delay IS NOT NULL
+), conditions AS (
+    SELECT origin, CASE WHEN precip > 0 THEN 'precipitation' ELSE 'dry' END AS condition,
+           dep_delay
+    FROM joined WHERE precip IS NOT NULL
+    UNION ALL
+    SELECT origin, CASE WHEN visib < 3 THEN 'visibility < 3 mi' ELSE 'visibility >= 3 mi' END,
+           dep_delay
+    FROM joined WHERE visib IS NOT NULL
+)
+INSERT INTO demo_weather_effect
+SELECT %(run_id)s, origin, condition, count(*), avg(dep_delay)
+FROM conditions
+GROUP BY origin, condition
+ON CONFLICT (run_id, origin, condition) DO UPDATE
+SET flights = excluded.flights, mean_dep_delay = excluded.mean_dep_delay
+RETURNING origin, condition, flights, mean_dep_delay;
+
+
+-- name: demo_carrier_year
+-- The year per carrier: flights, cancellations, mean delays (minutes), airline name.
+SELECT m.carrier, a.name, sum(m.flights)::int, sum(m.cancelled)::int,
+       sum(m.dep_delay_sum)::float8 / nullif(sum(m.dep_delay_n), 0),
+       sum(m.arr_delay_sum)::float8 / nullif(sum(m.arr_delay_n), 0)
+FROM demo_month_carrier m
+LEFT JOIN demo_airlines a ON a.carrier = m.carrier
+WHERE m.run_id = %(run_id)s
+GROUP BY m.carrier, a.name
+ORDER BY m.carrier;
+
+
+-- name: demo_carrier_months
+-- Mean arrival delay per carrier and month, for the chart.
+SELECT carrier, month, arr_delay_sum::float8 / nullif(arr_delay_n, 0)
+FROM demo_month_carrier
+WHERE run_id = %(run_id)s
+ORDER BY carrier, month;
+
+
+-- name: demo_origin_year
+SELECT origin, sum(flights)::int, sum(cancelled)::int,
+       sum(dep_delay_sum)::float8 / nullif(sum(dep_delay_n), 0),
+       sum(arr_delay_sum)::float8 / nullif(sum(arr_delay_n), 0)
+FROM demo_month_origin
+WHERE run_id = %(run_id)s
+GROUP BY origin
+ORDER BY origin;
+
+
+-- name: demo_weather_rows
+SELECT origin, condition, flights, mean_dep_delay
+FROM demo_weather_effect
+WHERE run_id = %(run_id)s
+ORDER BY origin, condition;
+
+
+-- name: demo_save_report
+INSERT INTO demo_reports (run_id, markdown, chart_png, figures)
+VALUES (%(run_id)s, %(markdown)s, %(chart_png)s, %(figures)s::jsonb)
+ON CONFLICT (run_id) DO UPDATE
+SET markdown = excluded.markdown, chart_png = excluded.chart_png,
+    figures = excluded.figures, created_at = now();
+
+
+-- name: demo_report
+SELECT markdown, chart_png, figures FROM demo_reports WHERE run_id = %(run_id)s;
