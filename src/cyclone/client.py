@@ -133,8 +133,9 @@ class Client:
         schedule_catch_up: what the schedule scanner fires for slots missed while no
             client ran: ``"latest"`` (default) fires the most recent one once,
             ``"all"`` fires each, oldest first. See docs/operations.md.
-        purge_interval: seconds between purges of expired runs (default 60; ``None``:
-            this client never purges on its own).
+        purge_interval: seconds between purges of expired runs (default 300; ``None``:
+            this client never purges on its own). A pass reads every terminal run still
+            kept; see docs/schedules.md.
 
     Raises:
         ValidationError: a bad option.
@@ -163,7 +164,7 @@ class Client:
         sweep_interval: Duration | None = None,
         claim_batch: int = 10,
         schedule_catch_up: CatchUp = "latest",
-        purge_interval: Duration | None = 60.0,
+        purge_interval: Duration | None = 300.0,
     ) -> None:
         self.config = ClientConfig(
             handlers=handlers,
@@ -882,8 +883,8 @@ class Client:
         self,
         id: str,
         target: KindTarget | Workflow,
-        input: Any = None,
-        cron: str = "",
+        input: Any,
+        cron: str,
         location: str = "Local",
         **options: Any,
     ) -> Schedule:
@@ -937,7 +938,7 @@ class Client:
         Raises:
             NotFoundError: no schedule has that id.
             ValidationError, WorkflowError: as :meth:`create_schedule`; nothing is
-                written.
+                written. An option given as ``None`` keeps its stored value.
         """
         rebuild = self.config.schedule_rebuild(
             target=target, input=input, cron=cron, location=location, options=options

@@ -239,26 +239,28 @@ class ClientConfig:
     ) -> Callable[[dict[str, Any]], ScheduleSpec]:
         """How ``update_schedule`` turns the stored row into the new definition.
 
-        ``None`` for ``target``, ``cron`` or ``location`` keeps the stored value,
-        :data:`KEEP` for ``input`` keeps the stored input; a kept kind target keeps its
-        stored options and the given ones override them.
+        ``None`` for ``target``, ``cron``, ``location`` or an option keeps the stored
+        value, :data:`KEEP` for ``input`` keeps the stored input. A kind schedule keeps
+        its stored step options (also when its target changes to another kind) and the
+        given ones override them; a workflow schedule turned into a kind schedule takes
+        the kind's defaults.
         """
 
         def rebuild(row: dict[str, Any]) -> ScheduleSpec:
-            defaults: JobOptions | None = None
             if target is None:
                 kind, def_version = row["kind"], row["def_version"]
                 handler = self.handlers.get(kind) if def_version is None else None
-                if def_version is None:
-                    defaults = JobOptions(
-                        queue=row["queue"],
-                        priority=row["priority"],
-                        max_attempts=row["max_attempts"],
-                        timeout=row["timeout_s"],
-                        retention=row["retention_s"],
-                    )
             else:
                 kind, def_version, handler = self.schedule_target(target)
+            defaults: JobOptions | None = None
+            if def_version is None and row["def_version"] is None:  # a kind stays a kind
+                defaults = JobOptions(
+                    queue=row["queue"],
+                    priority=row["priority"],
+                    max_attempts=row["max_attempts"],
+                    timeout=row["timeout_s"],
+                    retention=row["retention_s"],
+                )
             kept = input is KEEP
             return ScheduleSpec.build(
                 row["id"],

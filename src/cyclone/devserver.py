@@ -35,6 +35,7 @@ class DevServer:
     dsn: str
     data_dir: str | None = None
     _handle: Any = None
+    keep_data: bool = False
 
     @property
     def embedded(self) -> bool:
@@ -42,11 +43,12 @@ class DevServer:
         return self._handle is not None
 
     def stop(self) -> None:
-        """Stop an embedded server and delete its data folder (no-op otherwise)."""
+        """Stop an embedded server and delete its data folder, unless it was asked to
+        keep it (no-op for a server this process did not start)."""
         if self._handle is not None:
             self._handle.cleanup()
             self._handle = None
-            if self.data_dir is not None:
+            if self.data_dir is not None and not self.keep_data:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
@@ -59,8 +61,16 @@ def _reachable(dsn: str) -> bool:
     return True
 
 
-def find_server(*, env_var: str = "CYCLONE_DSN", allow_embedded: bool = True) -> DevServer:
+def find_server(
+    *, env_var: str = "CYCLONE_DSN", allow_embedded: bool = True, data_dir: str | None = None
+) -> DevServer:
     """A server to use: the DSN in ``env_var``, the local one, or an embedded one.
+
+    Args:
+        env_var: the environment variable that may hold a DSN.
+        allow_embedded: start an embedded server when nothing else is reachable.
+        data_dir: the embedded server's data folder, kept at :meth:`DevServer.stop`
+            (its parent must exist); default a new temporary folder, deleted at stop.
 
     Raises:
         ConfigurationError: nothing reachable and ``pgserver`` is not installed.
@@ -81,6 +91,7 @@ def find_server(*, env_var: str = "CYCLONE_DSN", allow_embedded: bool = True) ->
             "install the embedded server with: pip install -e '.[embedded]' "
             "(it needs Python 3.11 or 3.12)"
         ) from exc
-    data_dir = tempfile.mkdtemp(prefix="cyclone-pg-")
-    handle = pgserver.get_server(data_dir, cleanup_mode="stop")
-    return DevServer(handle.get_uri(), data_dir, handle)
+    keep = data_dir is not None
+    folder = data_dir or tempfile.mkdtemp(prefix="cyclone-pg-")
+    handle = pgserver.get_server(folder, cleanup_mode="stop")
+    return DevServer(handle.get_uri(), folder, handle, keep_data=keep)

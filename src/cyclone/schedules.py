@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from itertools import islice
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -41,6 +40,7 @@ from cyclone.sql import Q
 
 __all__ = [
     "MACROS",
+    "MAX_ID_BYTES",
     "SKIP_COUNT_LIMIT",
     "CatchUp",
     "FirePlan",
@@ -74,10 +74,16 @@ CatchUp = Literal["latest", "all"]
 """What a scanner fires for slots missed while no client ran: ``"latest"`` fires only
 the most recent missed slot, once; ``"all"`` fires every missed slot, oldest first."""
 
+MAX_ID_BYTES = 256
+"""Longest schedule id, in bytes of UTF-8."""
+
 SKIP_COUNT_LIMIT = 10_000
 """Most skipped slots :func:`fire_plan` counts."""
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_JUMP_MARGIN = timedelta(hours=3)
+"""How far before the reverse-evaluated latest slot a long catch-up walk resumes (more
+than any daylight-saving shift, where reverse and forward evaluation may differ)."""
 
 
 def parse_cron(spec: Any) -> str:
@@ -170,7 +176,10 @@ def next_slot(cron: str, location: str, after: datetime) -> datetime:
 
 
 def latest_slot(cron: str, location: str, at: datetime) -> datetime:
-    """The last slot of ``cron`` in zone ``location`` at or before ``at`` (UTC)."""
+    """The last slot of ``cron`` in zone ``location`` at or before ``at`` (UTC), by
+    cronsim's reverse evaluation: fast, but around a daylight-saving change it may
+    differ from the forward evaluation of :func:`next_slot` (which fires use); only
+    :func:`fire_plan`'s long catch-up walks use it, to jump close to ``at``."""
     end = _aware(at, "at").astimezone(_zone(location)) + timedelta(microseconds=1)
     try:
         return next(CronSim(cron, end, reverse=True)).astimezone(UTC)
@@ -223,14 +232,21 @@ def fire_plan(
         return FirePlan(slot=due, next_run_at=next_slot(cron, location, due))
     if catch_up != "latest":
         raise ValidationError(f"catch_up must be 'latest' or 'all', got {catch_up!r}")
-    slot = max(latest_slot(cron, location, now), due)
-    skipped = 0
-    if slot > due:
-        # ``due`` and the slots between it and ``slot``, counted up to SKIP_COUNT_LIMIT
-        # (a per-second schedule off for a year missed 31 million)
-        between = islice(slots_between(cron, location, due, slot), SKIP_COUNT_LIMIT - 1)
-        skipped = 1 + sum(1 for _ in between)
-    return FirePlan(slot=slot, next_run_at=next_slot(cron, location, slot), skipped=skipped)
+    # Walk forward with next_slot (the one evaluation of the schedule, daylight saving
+    # included) to the last slot at or before now; far behind, jump near now first.
+    last, count = due, 0
+    slot = next_slot(cron, location, due)
+    while slot <= now:
+        last, count = slot, count + 1
+        if count == SKIP_COUNT_LIMIT:
+            jump = latest_slot(cron, location, now) - _JUMP_MARGIN
+            if jump > slot:
+                slot = next_slot(cron, location, jump)
+                continue
+        slot = next_slot(cron, location, slot)
+    return FirePlan(
+        slot=last, next_run_at=next_slot(cron, location, last), skipped=min(count, SKIP_COUNT_LIMIT)
+    )
 
 
 _STEP_OPTIONS = ("queue", "priority", "max_attempts", "timeout", "retention")
@@ -292,7 +308,7 @@ class ScheduleSpec:
         Raises:
             ValidationError: naming the first bad value (id, cron, zone, input, option).
         """
-        check_text(id, "schedule id")
+        check_text(id, "schedule id", max_bytes=MAX_ID_BYTES)
         if not id:
             raise ValidationError("schedule id must not be empty")
         expression = parse_cron(cron)
@@ -387,7 +403,8 @@ def update_plan(schedule_id: str, rebuild: Callable[[dict[str, Any]], ScheduleSp
 
 
 def set_enabled_plan(schedule_id: str, enabled: bool) -> Plan[None]:
-    """Enable (slots missed while disabled are skipped) or disable a schedule.
+    """Enable (slots missed while disabled are skipped; the failure record and back-off
+    are cleared) or disable a schedule; no change when it already is.
 
     Run inside a transaction.
 
@@ -398,6 +415,8 @@ def set_enabled_plan(schedule_id: str, enabled: bool) -> Plan[None]:
     if not rows:
         raise NotFoundError(f"schedule {schedule_id!r} does not exist")
     current = dict(zip(_LOCK_COLUMNS, rows[0], strict=True))
+    if current["enabled"] == enabled:
+        return  # nothing changes: a due slot of an enabled schedule stays due
     upcoming: datetime = current["next_run_at"]
     if enabled and upcoming <= current["now"]:
         upcoming = next_slot(current["cron_spec"], current["location"], current["now"])
@@ -420,6 +439,7 @@ _LOCK_COLUMNS = (
     "max_attempts",
     "timeout_s",
     "retention_s",
+    "enabled",
     "now",
 )
 """The columns of ``schedules_lock``, in order."""

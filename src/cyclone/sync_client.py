@@ -481,8 +481,8 @@ class SyncClient:
         self,
         id: str,
         target: KindTarget | Workflow,
-        input: Any = None,
-        cron: str = "",
+        input: Any,
+        cron: str,
         location: str = "Local",
         **options: Any,
     ) -> Schedule:

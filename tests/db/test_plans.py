@@ -121,3 +121,22 @@ def test_advance_and_discard_resolution_use_the_edge_index(
     resolve = plan(dag_loaded, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}))
     assert "idx_deps_depnode" in resolve
     assert "Seq Scan" not in resolve
+
+
+def test_schedule_claim_uses_the_due_index(db: psycopg.Connection[Any]) -> None:
+    """5,000 schedules, most not due: the claim reads idx_schedules_due."""
+    db.execute(
+        "INSERT INTO cyclone_schedules (id, kind, input, cron_spec, location, next_run_at) "
+        "SELECT 's' || g, 'k', 'null', '@daily', 'UTC', now() + g * interval '1 minute' "
+        "FROM generate_series(1, 5000) g"
+    )
+    db.execute("ANALYZE cyclone_schedules")
+    text = plan(
+        db,
+        Stmt(
+            Q.schedules_claim,
+            {"owner": "w", "ttl_us": 30_000_000, "limit": 50, "versions": []},
+        ),
+    )
+    assert "idx_schedules_due" in text
+    assert "Seq Scan" not in text

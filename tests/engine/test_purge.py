@@ -13,6 +13,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState
+from cyclone.scanners.purge import purge_async
 from tests.helpers import apoll_until, scalar
 
 
@@ -166,3 +167,19 @@ def test_sync_client_purges_and_checks_its_argument(dsn: str, db: psycopg.Connec
         assert scalar(db, "SELECT count(*) FROM cyclone_runs") == 2
         assert c.purge(older_than=timedelta(days=1)) == 1
         assert scalar(db, "SELECT state FROM cyclone_runs") == "running"
+
+
+async def test_purge_works_in_bounded_batches(dsn: str, db: psycopg.Connection[Any]) -> None:
+    db.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version, state, finished_at) "
+        "SELECT 'k', 'job', 'completed', now() - interval '1 day' FROM generate_series(1, 7)"
+    )
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        assert await purge_async(conn, 0, batch=3, max_batches=2) == 6  # two batches of 3
+        assert count_runs(db) == 1
+        assert await purge_async(conn, 0, batch=3) == 1
+    assert count_runs(db) == 0
+
+
+def count_runs(db: psycopg.Connection[Any]) -> int:
+    return int(scalar(db, "SELECT count(*) FROM cyclone_runs"))

@@ -75,25 +75,23 @@ async def test_five_clients_fire_each_slot_exactly_once(
             await clients[0].create_schedule(schedule_id, tick, {"s": schedule_id}, "* * * * *")
         rounds = 8
         results = []
+        base = scalar(db, "SELECT date_trunc('minute', now())")  # read once: no rollover
         for r in range(rounds):
             # round r: every schedule is due at the minute slot 1000 - 10 r minutes ago;
             # with catch-up "all" a scanner that comes after another's fire may fire the
             # next missed slot, so a round fires 1 to 5 slots of each schedule, all
             # before the next round's first slot
             db.execute(
-                "UPDATE cyclone_schedules SET next_run_at = "
-                "date_trunc('minute', now()) - make_interval(mins => %s)",
-                (1000 - 10 * r,),
+                "UPDATE cyclone_schedules SET next_run_at = %s - make_interval(mins => %s)",
+                (base, 1000 - 10 * r),
             )
             scanners = [c.schedule_scanner for c in clients]
             assert all(s is not None for s in scanners)
             results += await asyncio.gather(*(s.scan_once() for s in scanners if s))
             fired_this_round = db.execute(
-                "SELECT schedule_id, min(scheduled_for) = date_trunc('minute', now()) - "
-                "make_interval(mins => %s) FROM cyclone_schedule_fires "
-                "WHERE scheduled_for >= date_trunc('minute', now()) - make_interval(mins => %s) "
-                "GROUP BY schedule_id",
-                (1000 - 10 * r, 1000 - 10 * r),
+                "SELECT schedule_id, min(scheduled_for) = %(at)s FROM cyclone_schedule_fires "
+                "WHERE scheduled_for >= %(at)s GROUP BY schedule_id",
+                {"at": base - timedelta(minutes=1000 - 10 * r)},
             ).fetchall()
             assert sorted(fired_this_round) == [(i, True) for i in sorted(ids)]
         fires = count(db, "cyclone_schedule_fires")
@@ -230,36 +228,72 @@ async def test_workflow_schedule_pins_its_definition(dsn: str, db: psycopg.Conne
 async def test_missed_slots_fire_once_with_catch_up_latest_and_each_with_all(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
+    """A yearly schedule that no client ran for five years (yearly: the expected slots
+    cannot change while the test runs, except at New Year)."""
+    this_year = scalar(db, "SELECT date_trunc('year', now())")
     async with make_client(dsn) as c:
         await settled(c)
-        await c.create_schedule("hourly", tick, None, "@hourly", location="UTC")
-        # no client ran for five hours
+        await c.create_schedule("yearly", tick, None, "@yearly", location="UTC")
         db.execute(
-            "UPDATE cyclone_schedules "
-            "SET next_run_at = date_trunc('hour', now()) - interval '5 hours'"
+            "UPDATE cyclone_schedules SET next_run_at = %s - interval '5 years'", (this_year,)
         )
         assert c.schedule_scanner is not None
         assert (await c.schedule_scanner.scan_once()).fired == 1
         assert (await c.schedule_scanner.scan_once()).fired == 0
-        assert scalar(
-            db, "SELECT scheduled_for = date_trunc('hour', now()) FROM cyclone_schedule_fires"
-        )
-        assert scalar(
-            db,
-            "SELECT next_run_at = date_trunc('hour', now()) + interval '1 hour' "
-            "FROM cyclone_schedules",
+        assert scalar(db, "SELECT scheduled_for FROM cyclone_schedule_fires") == this_year
+        assert scalar(db, "SELECT next_run_at FROM cyclone_schedules") == this_year.replace(
+            year=this_year.year + 1
         )
     db.execute("DELETE FROM cyclone_schedule_fires")
-    db.execute(
-        "UPDATE cyclone_schedules SET next_run_at = date_trunc('hour', now()) - interval '5 hours'"
-    )
+    db.execute("UPDATE cyclone_schedules SET next_run_at = %s - interval '5 years'", (this_year,))
     async with make_client(dsn, schedule_catch_up="all") as c:
         await settled(c)
         assert c.schedule_scanner is not None  # its first pass fired the oldest slot
         while (await c.schedule_scanner.scan_once()).fired:
             pass
-        assert count(db, "cyclone_schedule_fires") == 6  # 5 missed hours and the current one
-        assert scalar(db, "SELECT count(DISTINCT scheduled_for) FROM cyclone_schedule_fires") == 6
+        slots = [
+            r[0]
+            for r in db.execute(
+                "SELECT scheduled_for FROM cyclone_schedule_fires ORDER BY 1"
+            ).fetchall()
+        ]
+        assert slots == [this_year.replace(year=this_year.year - n) for n in range(5, -1, -1)]
+
+
+async def test_a_scanner_that_lost_its_lease_fires_nothing(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Scanner A claims, its lease passes to B (A looks dead), B fires; A's late fire
+    matches nothing and rolls back its run: one run, one fire row."""
+    a = make_client(dsn)
+    b = make_client(dsn)
+    async with a, b:
+        await settled(a, b)
+        await a.create_schedule("contested", tick, None, "@daily", location="UTC")
+        make_due(db)
+        assert a.schedule_scanner is not None and b.schedule_scanner is not None
+        claimed_by_a = await a.schedule_scanner.claim()
+        assert len(claimed_by_a) == 1
+        assert await b.schedule_scanner.claim() == []  # A's lease holds
+        db.execute("UPDATE cyclone_schedules SET lease_expiry = now() - interval '1 second'")
+        claimed_by_b = await b.schedule_scanner.claim()
+        assert (await b.schedule_scanner.fire(claimed_by_b)).fired == 1
+        late = await a.schedule_scanner.fire(claimed_by_a)
+        assert (late.fired, late.lost, late.failed) == (0, 1, 0)
+        assert count(db, "cyclone_runs") == 1 and count(db, "cyclone_schedule_fires") == 1
+        assert scalar(db, "SELECT last_error FROM cyclone_schedules") is None
+
+
+async def test_disabling_wins_over_a_claimed_slot(dsn: str, db: psycopg.Connection[Any]) -> None:
+    async with make_client(dsn) as c:
+        await settled(c)
+        await c.create_schedule("stop-me", tick, None, "@daily", location="UTC")
+        make_due(db)
+        assert c.schedule_scanner is not None
+        claimed = await c.schedule_scanner.claim()
+        await c.disable_schedule("stop-me")  # between the claim and the fire
+        assert (await c.schedule_scanner.fire(claimed)).lost == 1
+        assert count(db, "cyclone_runs") == 0
 
 
 async def test_a_failing_schedule_records_its_error_and_backs_off(
@@ -324,12 +358,23 @@ async def test_create_update_enable_disable_delete(dsn: str, db: psycopg.Connect
         # an update that keeps the cron keeps next_run_at; a new cron moves it
         kept = await c.update_schedule("crud", priority=9)
         assert (kept.priority, kept.input, kept.next_run_at) == (9, [1, 2], s.next_run_at)
-        moved = await c.update_schedule("crud", cron="*/5 * * * *", input=None)
+        # (03:15 daily never coincides with the next 09:00 weekday slot)
+        moved = await c.update_schedule("crud", cron="15 3 * * *", input=None)
         assert moved.input is None and moved.priority == 9
-        assert moved.next_run_at != s.next_run_at and moved.next_run_at.minute % 5 == 0
+        assert moved.next_run_at != s.next_run_at and moved.next_run_at.minute == 15
+        # a new kind target keeps the stored step options
+        retargeted = await c.update_schedule("crud", target=tick, queue="elsewhere")
+        assert (retargeted.target, retargeted.queue, retargeted.priority) == (
+            "sched_tick",
+            "elsewhere",
+            9,
+        )
+        # enabling an enabled schedule changes nothing, a due slot included
+        make_due(db)
+        due = scalar(db, "SELECT next_run_at FROM cyclone_schedules")
+        assert (await c.enable_schedule("crud")).next_run_at == due
         # disabled: never fires; enabled after its slot passed: from the next slot on
         await c.disable_schedule("crud")
-        make_due(db)
         assert c.schedule_scanner is not None
         assert (await c.schedule_scanner.scan_once()).fired == 0
         enabled = await c.enable_schedule("crud")

@@ -15,6 +15,7 @@ import pytest
 import cyclone
 from cyclone.config import ClientConfig
 from cyclone.schedules import (
+    SKIP_COUNT_LIMIT,
     fire_plan,
     latest_slot,
     next_slot,
@@ -199,3 +200,31 @@ def test_schedule_spec_validates_before_anything_is_written() -> None:
         config.schedule_spec("s1", kind, {1, 2}, cron="@hourly", location="UTC", options={})
     with pytest.raises(cyclone.ValidationError, match="schedule id"):
         config.schedule_spec("", kind, None, cron="@hourly", location="UTC", options={})
+
+
+@pytest.mark.parametrize("cron", ["30 * * * *", "0 * * * *", "*/15 1 * * *", "30 1 * * *"])
+def test_catch_up_latest_on_the_fall_back_night_fires_once(cron: str) -> None:
+    """Around the repeated hour, the latest slot is found by the forward evaluation
+    (the one fires use): after one fire, ``next_run_at`` is in the future, so a second
+    pass at the same moment fires nothing."""
+    due = local(LA, 2026, 10, 31, 22, 0).astimezone(UTC)  # missed since the evening
+    for now_local in (
+        local(LA, 2026, 11, 1, 1, 5, fold=1),  # 01:05 PST, the second 01:05
+        local(LA, 2026, 11, 1, 1, 50, fold=0),  # 01:50 PDT, the first
+        local(LA, 2026, 11, 1, 2, 40),
+    ):
+        now = now_local.astimezone(UTC)
+        plan = fire_plan(parse_cron(cron), LA, due, now)
+        assert plan.slot <= now < plan.next_run_at
+        forward = [due, *slots_between(parse_cron(cron), LA, due, now + timedelta(microseconds=1))]
+        assert plan.slot == forward[-1]
+        assert plan.skipped == len(forward) - 1
+
+
+def test_catch_up_latest_far_behind_is_bounded_and_lands_on_now() -> None:
+    """A per-second schedule missed for a day: the walk jumps close to now."""
+    now = datetime(2026, 3, 8, 12, 0, 0, 500_000, tzinfo=UTC)
+    plan = fire_plan("* * * * * *", LA, now - timedelta(days=1), now)
+    assert plan.slot == now.replace(microsecond=0)
+    assert plan.next_run_at == plan.slot + timedelta(seconds=1)
+    assert plan.skipped == SKIP_COUNT_LIMIT

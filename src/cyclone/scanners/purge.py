@@ -15,9 +15,7 @@ Every started client purges every ``purge_interval`` seconds; ``Client.purge()``
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from typing import Any
 
 import psycopg
@@ -25,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, fetch_async, fetch_sync
 from cyclone.options import micros
+from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 
 __all__ = ["PURGE_BATCH", "Purger", "purge_async", "purge_sync"]
@@ -83,32 +82,17 @@ def purge_sync(
             return total
 
 
-class Purger:
+class Purger(Periodic):
     """Purges expired runs every ``interval`` seconds (with 10 % jitter)."""
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, interval: float) -> None:
+        super().__init__(interval, name="purge")
         self._pool = pool
-        self.interval = interval
-        self._stopping = False
-        self._wake = asyncio.Event()
 
-    def stop(self) -> None:
-        """Let :meth:`run` return after the batch in progress."""
-        self._stopping = True
-        self._wake.set()
-
-    async def run(self) -> None:
-        """Purge until stopped; an error is logged and the next pass comes on schedule."""
-        while not self._stopping:
-            try:
-                await self.purge_once()
-            except Exception as exc:
-                log.warning("purge failed: %s", exc)
-            try:
-                async with asyncio.timeout(self.interval * random.uniform(0.9, 1.1)):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    async def pass_once(self) -> bool:
+        """One :meth:`purge_once`; never asks for an immediate next pass."""
+        await self.purge_once()
+        return False
 
     async def purge_once(self) -> int:
         """One pass: at most 20 batches, so one client never holds the table long."""

@@ -21,10 +21,8 @@ Which slot fires is :func:`cyclone.schedules.fire_plan`'s decision (catch-up pol
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, run_plan_async
 from cyclone.notify import Publisher
 from cyclone.options import micros
+from cyclone.scanners.loop import Periodic
 from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, fire_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
@@ -60,7 +59,7 @@ class ScheduleScanResult:
     lost: int = 0
 
 
-class ScheduleScanner:
+class ScheduleScanner(Periodic):
     """Fires due schedules every ``interval`` seconds (with 10 % jitter).
 
     Args:
@@ -87,45 +86,28 @@ class ScheduleScanner:
         lease_ttl: float = 30.0,
         batch: int = 50,
     ) -> None:
+        super().__init__(interval, name="schedule scan")
         self._pool = pool
         self._publisher = publisher
         self._owner = owner
-        self.interval = interval
         self._definitions = definitions
         self.catch_up: CatchUp = catch_up
         self._lease_us = micros(lease_ttl)
         self._batch = batch
-        self._stopping = False
-        self._wake = asyncio.Event()
-        self.passes = 0
-        """Passes :meth:`run` has finished (tests wait for the first one)."""
 
-    def stop(self) -> None:
-        """Let :meth:`run` return after the pass in progress."""
-        self._stopping = True
-        self._wake.set()
-
-    async def run(self) -> None:
-        """Scan until stopped; an error is logged and the next pass comes on schedule."""
-        while not self._stopping:
-            try:
-                result = await self.scan_once()
-            except Exception as exc:
-                log.warning("schedule scan failed: %s", exc)
-                result = ScheduleScanResult()
-            self.passes += 1
-            if result.fired + result.failed + result.lost >= self._batch:
-                continue  # more may be due at once (catch-up "all", many schedules)
-            try:
-                async with asyncio.timeout(self.interval * random.uniform(0.9, 1.1)):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+    async def pass_once(self) -> bool:
+        """One :meth:`scan_once`; True when it took a full batch (more may be due)."""
+        result = await self.scan_once()
+        return result.fired + result.failed + result.lost >= self._batch
 
     async def scan_once(self) -> ScheduleScanResult:
         """Claim the due schedules and fire one slot of each; returns what it did."""
+        return await self.fire(await self.claim())
+
+    async def claim(self) -> list[dict[str, Any]]:
+        """Take the scanner lease on due schedules this client can fire; their rows."""
         async with self._pool.connection() as conn:
-            claimed = await fetch_dicts_async(
+            return await fetch_dicts_async(
                 conn,
                 Stmt(
                     Q.schedules_claim,
@@ -137,6 +119,9 @@ class ScheduleScanner:
                     },
                 ),
             )
+
+    async def fire(self, claimed: list[dict[str, Any]]) -> ScheduleScanResult:
+        """Fire one slot of each claimed schedule, each in its own transaction."""
         fired = failed = lost = 0
         for row in claimed:
             try:

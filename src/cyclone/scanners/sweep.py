@@ -11,9 +11,7 @@ the lease generation the sweep read.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.notify import Publisher, runs_done_statement
+from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
 
@@ -37,7 +36,7 @@ class SweepResult:
     discarded: int = 0
 
 
-class Sweeper:
+class Sweeper(Periodic):
     """Runs the recovery sweep every ``interval`` seconds (with 10 % jitter)."""
 
     def __init__(
@@ -49,20 +48,16 @@ class Sweeper:
         max_reclaims: int,
         batch: int = 500,
     ) -> None:
+        super().__init__(interval, name="recovery sweep")
         self._pool = pool
         self._publisher = publisher
-        self.interval = interval
         self.max_reclaims = max_reclaims
         self._batch = batch
 
-    async def run(self) -> None:
-        """Sweep forever; an error is logged and the next pass comes on schedule."""
-        while True:
-            try:
-                await self.sweep_once()
-            except Exception as exc:
-                log.warning("recovery sweep failed: %s", exc)
-            await asyncio.sleep(self.interval * random.uniform(0.9, 1.1))
+    async def pass_once(self) -> bool:
+        """One :meth:`sweep_once`."""
+        await self.sweep_once()
+        return False
 
     async def sweep_once(self) -> SweepResult:
         """One pass over every expired step; returns what it changed."""

@@ -26,8 +26,6 @@ signal wait reached).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.dbio import Stmt, batch_async, fetch_async, run_plan_async
 from cyclone.inputs import InputError, assemble, needed, parse_bindings
 from cyclone.notify import Publisher
+from cyclone.scanners.loop import Periodic
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
@@ -69,7 +68,7 @@ class ScanResult:
     children: int = 0
 
 
-class WaitScanner:
+class WaitScanner(Periodic):
     """Completes timers and satisfied signal waits, times out waits, enforces deadlines."""
 
     def __init__(
@@ -82,35 +81,17 @@ class WaitScanner:
         definitions: Mapping[str, CompiledWorkflow] | None = None,
         batch: int = 200,
     ) -> None:
+        super().__init__(interval, name="wait scan", jitter=False)
         self._definitions = definitions or {}
         self._pool = pool
         self._publisher = publisher
         self._wake = wake
-        self.interval = interval
         self._batch = batch
-        self._kick = asyncio.Event()
-        self._stopping = False
 
-    def kick(self) -> None:
-        """Scan now rather than at the next interval."""
-        self._kick.set()
-
-    def stop(self) -> None:
-        """Let :meth:`run` return after the pass in progress (never cut a transaction)."""
-        self._stopping = True
-        self._kick.set()
-
-    async def run(self) -> None:
-        """Scan until stopped; an error is logged and the next pass comes on schedule."""
-        while not self._stopping:
-            self._kick.clear()
-            try:
-                await self.scan_once()
-            except Exception as exc:
-                log.warning("wait scan failed: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval):
-                    await self._kick.wait()
+    async def pass_once(self) -> bool:
+        """One :meth:`scan_once`."""
+        await self.scan_once()
+        return False
 
     async def scan_once(self) -> ScanResult:
         """One pass of each kind of work; returns what it changed."""

@@ -33,7 +33,7 @@ SELECT id, kind, def_version, input::text AS input, cron_spec, location, next_ru
        queue, priority, max_attempts,
        extract(epoch FROM timeout)::float8 AS timeout_s,
        extract(epoch FROM retention)::float8 AS retention_s,
-       now() AS now
+       enabled, now() AS now
 FROM cyclone_schedules
 WHERE id = %(id)s
 FOR UPDATE;
@@ -65,16 +65,20 @@ RETURNING id;
 
 
 -- name: schedules_set_enabled
--- Enable or disable a locked schedule. Enabling moves a next_run_at that passed while
--- the schedule was disabled to the next slot after now (the slots missed while it was
--- disabled never fire); next_run_at never moves back.
+-- Enable or disable a locked schedule whose enabled flag is changing. Enabling moves a
+-- next_run_at that passed while the schedule was disabled to the next slot after now
+-- (the slots missed while it was disabled never fire; next_run_at never moves back)
+-- and starts it afresh: no failure count, no error, no back-off.
 UPDATE cyclone_schedules
 SET enabled = %(enabled)s,
     next_run_at = greatest(next_run_at, %(next_run_at)s),
     consecutive_failures = CASE WHEN %(enabled)s THEN 0 ELSE consecutive_failures END,
-    lease_expiry = CASE WHEN %(enabled)s THEN NULL ELSE lease_expiry END,
+    last_error = CASE WHEN %(enabled)s THEN NULL ELSE last_error END,
+    lease_owner = NULL,
+    lease_expiry = NULL,
     updated_at = now()
 WHERE id = %(id)s
+  AND enabled <> %(enabled)s
 RETURNING id;
 
 
@@ -125,9 +129,9 @@ RETURNING s.id, s.kind, s.def_version, s.input::text AS input, s.cron_spec, s.lo
 
 -- name: schedules_fired
 -- Record the fire of one slot and move the schedule forward, in the transaction that
--- inserted the run. Guarded on this scanner's lease and on the next_run_at it read; no
--- row back means another scanner or an update got there first, and the caller rolls
--- the whole fire back.
+-- inserted the run. Guarded on this scanner's lease, on the next_run_at it read and on
+-- the schedule being enabled; no row back means another scanner, an update or a
+-- disable got there first, and the caller rolls the whole fire back.
 WITH moved AS (
     UPDATE cyclone_schedules
     SET next_run_at = %(next_run_at)s,
@@ -138,6 +142,7 @@ WITH moved AS (
         lease_expiry = NULL,
         updated_at = now()
     WHERE id = %(id)s
+      AND enabled
       AND lease_owner = %(owner)s
       AND next_run_at = %(due)s
       AND %(next_run_at)s::timestamptz > next_run_at
@@ -150,8 +155,9 @@ RETURNING schedule_id;
 
 
 -- name: schedules_failed
--- A fire that failed: record the error, count it, and back off (2^failures seconds,
--- at most cap_s) by leaving a lease_expiry in the future with no owner.
+-- A fire that failed: record the error, count it, and back off (1 s after the first
+-- failure, doubling with each, at most cap_s) by leaving a lease_expiry in the future
+-- with no owner.
 UPDATE cyclone_schedules
 SET last_error = %(error)s,
     consecutive_failures = consecutive_failures + 1,

@@ -4,7 +4,10 @@
 -- the row must be in and, for a worker's transition, the lease owner and the lease
 -- generation of its claim. Zero rows changed is a benign stale transition.
 -- Durations arrive as microseconds (bigint) so that now() on the database computes
--- every timestamp: one clock for the whole lease model.
+-- every timestamp: one clock for the whole lease model. The completion statements use
+-- statement_timestamp(), the same clock read when they run: a completion transaction
+-- opened by ctx.completion_tx() at a handler's start may last long, and now() would
+-- date the completion (and a wait it reaches) back to that start.
 
 
 -- name: steps_enqueue
@@ -221,7 +224,7 @@ WITH v AS (
     UPDATE cyclone_steps s
     SET state = 'completed',
         output = v.output,
-        completed_at = now(),
+        completed_at = statement_timestamp(),
         lease_owner = NULL,
         lease_expiry = NULL
     FROM v
@@ -233,8 +236,8 @@ WITH v AS (
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
-        finished_at = now(),
-        updated_at = now()
+        finished_at = statement_timestamp(),
+        updated_at = statement_timestamp()
     FROM done
     WHERE r.id = done.run_id
       AND r.state IN ('running', 'paused')
@@ -257,7 +260,7 @@ LEFT JOIN finished ON finished.id = done.run_id;
 -- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
 -- the wait scanner or a signal: the waiting state its CAS expects (owner and
 -- generation are null then). A wait node that is reached enters its waiting state
--- (waiting_timer, waiting_signal, waiting_child) with scheduled_at = now() + wait_for. A
+-- (waiting_timer, waiting_signal, waiting_child) with scheduled_at = the statement time + wait_for. A
 -- reached fan-out node stays pending; steps_expand_fan_outs, next in the same
 -- transaction, inserts its item tasks. "woken" carries '@fanout' when an item finished
 -- and '@signal' / '@child' for a reached wait or child node.
@@ -279,7 +282,7 @@ WITH v AS (
     UPDATE cyclone_steps s
     SET state = 'completed',
         output = v.output,
-        completed_at = now(),
+        completed_at = statement_timestamp(),
         lease_owner = NULL,
         lease_expiry = NULL
     FROM v
@@ -311,7 +314,8 @@ WITH v AS (
             WHEN s.kind = '@child' THEN 'waiting_child'
             ELSE 'available' END,
         scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal') AND r.state <> 'paused'
-            THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
+            THEN statement_timestamp() + coalesce(s.wait_for, interval '0')
+            ELSE s.scheduled_at END
     FROM ready
     JOIN cyclone_runs r ON r.id = ready.run_id
     WHERE s.run_id = ready.run_id
@@ -322,8 +326,8 @@ WITH v AS (
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
-        finished_at = now(),
-        updated_at = now()
+        finished_at = statement_timestamp(),
+        updated_at = statement_timestamp()
     WHERE r.id IN (SELECT run_id FROM done)
       AND r.state IN ('running', 'paused')
       AND NOT EXISTS (

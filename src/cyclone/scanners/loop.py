@@ -1,0 +1,65 @@
+"""The loop every scanner runs in: a pass every ``interval`` seconds, at once when
+kicked, and a stop that lets the pass in progress finish (never cuts a transaction).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+__all__ = ["Periodic"]
+
+log = logging.getLogger("cyclone.scanners")
+
+
+class Periodic:
+    """Base of the scanners: subclasses implement :meth:`pass_once`.
+
+    Args:
+        interval: seconds between passes.
+        name: what a failed pass is logged as ("recovery sweep", ...).
+        jitter: spread passes by up to 10 % each way, so that the scanners of many
+            clients do not run in step.
+    """
+
+    def __init__(self, interval: float, *, name: str, jitter: bool = True) -> None:
+        self.interval = interval
+        self._name = name
+        self._jitter = jitter
+        self._kick = asyncio.Event()
+        self._stopping = False
+        self.passes = 0
+        """Passes :meth:`run` has finished (tests wait for the first one)."""
+
+    async def pass_once(self) -> bool:
+        """One pass; True asks for the next pass at once (more work is waiting)."""
+        raise NotImplementedError
+
+    def kick(self) -> None:
+        """Run the next pass now rather than at the next interval."""
+        self._kick.set()
+
+    def stop(self) -> None:
+        """Let :meth:`run` return after the pass in progress."""
+        self._stopping = True
+        self._kick.set()
+
+    async def run(self) -> None:
+        """Pass until stopped; a failed pass is logged and the next comes on schedule."""
+        while not self._stopping:
+            self._kick.clear()
+            try:
+                again = await self.pass_once()
+            except Exception as exc:
+                log.warning("%s failed: %s", self._name, exc)
+                again = False
+            self.passes += 1
+            if again:
+                continue
+            delay = self.interval * (random.uniform(0.9, 1.1) if self._jitter else 1.0)
+            try:
+                async with asyncio.timeout(delay):
+                    await self._kick.wait()
+            except TimeoutError:
+                pass
