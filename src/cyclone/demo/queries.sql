@@ -6,6 +6,9 @@
 
 
 -- name: demo_schema
+-- Two demos starting at once on a new database would race on CREATE TABLE IF NOT
+-- EXISTS: the transaction-scoped lock makes the second wait for the first.
+SELECT pg_advisory_xact_lock(hashtext('cyclone.demo.schema'));
 CREATE TABLE IF NOT EXISTS demo_flights (
     run_id bigint NOT NULL, year int, month int, day int, dep_time int,
     sched_dep_time int, dep_delay int, arr_time int, sched_arr_time int, arr_delay int,

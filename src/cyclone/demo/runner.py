@@ -253,9 +253,10 @@ async def _follow(
                             f"started worker pid {replacement.pid}"
                         )
                         break
-            live.update(_progress(run_id, steps, child, "  ".join(events[-2:])))
-            if run.terminal:
+            if run.terminal:  # the last frame without the notes: they are printed below
+                live.update(_progress(run_id, steps, child, ""))
                 return run, events
+            live.update(_progress(run_id, steps, child, "  ".join(events[-2:])))
             await asyncio.sleep(0.2)
 
 
