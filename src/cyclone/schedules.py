@@ -25,8 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import cache
+from itertools import islice
 from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 import tzlocal
 from cronsim import CronSim, CronSimError
@@ -81,6 +83,9 @@ SKIP_COUNT_LIMIT = 10_000
 """Most skipped slots :func:`fire_plan` counts."""
 
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_MAX_PAST_CANDIDATES = 10_000
+_MAX_CRON_CHARS = 1_000
+"""A longer expression is refused (cronsim's cost grows with it)."""
 _JUMP_MARGIN = timedelta(hours=3)
 """How far before the reverse-evaluated latest slot a long catch-up walk resumes (more
 than any daylight-saving shift, where reverse and forward evaluation may differ)."""
@@ -102,6 +107,10 @@ def parse_cron(spec: Any) -> str:
     """
     if not isinstance(spec, str):
         raise ValidationError(f"cron must be a string, got {spec!r}")
+    if len(spec) > _MAX_CRON_CHARS:
+        raise ValidationError(
+            f"cron expression {spec[:40]!r}... is longer than {_MAX_CRON_CHARS} characters"
+        )
     text = " ".join(spec.split())
     if text.startswith("@"):
         if text.lower() not in MACROS:
@@ -112,7 +121,7 @@ def parse_cron(spec: Any) -> str:
     try:
         sim = CronSim(text, _EPOCH)
         next(sim)
-    except CronSimError as exc:
+    except (CronSimError, ValueError) as exc:
         raise ValidationError(f"cron expression {spec!r} is invalid: {exc}") from None
     except StopIteration:  # pragma: no cover - cronsim raises CronSimError instead
         raise ValidationError(f"cron expression {spec!r} never fires") from None
@@ -139,7 +148,16 @@ def resolve_location(location: Any) -> str:
     return name
 
 
+@cache
+def _iana_names() -> frozenset[str]:
+    return frozenset(available_timezones()) - {"localtime", "posixrules"}
+
+
 def _zone(name: str) -> ZoneInfo:
+    # Only IANA keys: machine-dependent files such as "localtime" or "posixrules" would
+    # let two scanners compute different slots.
+    if name not in _iana_names():
+        raise ValidationError(f"unknown time zone {name!r} (an IANA name is needed)")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -170,9 +188,16 @@ def next_slot(cron: str, location: str, after: datetime) -> datetime:
     """
     start = _aware(after, "after").astimezone(_zone(location))
     try:
-        return next(CronSim(cron, start)).astimezone(UTC)
-    except CronSimError as exc:
+        # Inside a repeated (fall-back) hour cronsim may answer with the first
+        # occurrence of a wall-clock time that is already past in absolute time:
+        # such a candidate is skipped, so a slot is always in the future of ``after``.
+        for candidate in islice(CronSim(cron, start), _MAX_PAST_CANDIDATES):
+            slot = candidate.astimezone(UTC)
+            if slot > after:
+                return slot
+    except (CronSimError, ValueError) as exc:
         raise ValidationError(f"cron expression {cron!r} is invalid: {exc}") from None
+    raise ValidationError(f"cron expression {cron!r} has no slot after {after}")
 
 
 def latest_slot(cron: str, location: str, at: datetime) -> datetime:

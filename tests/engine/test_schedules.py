@@ -447,3 +447,23 @@ def test_sync_client_manages_schedules(dsn: str, db: psycopg.Connection[Any]) ->
         with pytest.raises(cyclone.NotFoundError):
             c.get_schedule("sync")
     assert count(db, "cyclone_schedules") == 0
+
+
+async def test_a_slot_that_fired_before_is_passed_over_not_failed(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """next_run_at moved back by hand onto a slot that has its fire row: the scanner
+    passes it over (no second run, no failure) and moves on."""
+    async with make_client(dsn) as c:
+        await settled(c)
+        await c.create_schedule("again", tick, None, "@daily", location="UTC")
+        make_due(db)
+        assert c.schedule_scanner is not None
+        assert (await c.schedule_scanner.scan_once()).fired == 1
+        slot = scalar(db, "SELECT scheduled_for FROM cyclone_schedule_fires")
+        db.execute("UPDATE cyclone_schedules SET next_run_at = %s", (slot,))
+        result = await c.schedule_scanner.scan_once()
+        assert (result.fired, result.failed, result.lost) == (0, 0, 1)
+        s = await c.get_schedule("again")
+        assert s.next_run_at > slot and s.consecutive_failures == 0 and s.last_error is None
+        assert count(db, "cyclone_runs") == 1 and count(db, "cyclone_schedule_fires") == 1

@@ -228,3 +228,45 @@ def test_catch_up_latest_far_behind_is_bounded_and_lands_on_now() -> None:
     assert plan.slot == now.replace(microsecond=0)
     assert plan.next_run_at == plan.slot + timedelta(seconds=1)
     assert plan.skipped == SKIP_COUNT_LIMIT
+
+
+@pytest.mark.parametrize("zone", [LA, BERLIN, "America/New_York", "Australia/Lord_Howe"])
+@pytest.mark.parametrize("cron", ["30 1 * * *", "0 2 * * *", "*/20 * * * *", "30 * * * *"])
+def test_next_slot_is_always_in_the_future_across_daylight_saving(zone: str, cron: str) -> None:
+    """Every minute of both transition days: the next slot is strictly later (inside a
+    repeated hour cronsim may answer with a wall-clock time already past)."""
+    tz = ZoneInfo(zone)
+    for day in _transition_days(tz, 2026):
+        at = datetime(day.year, day.month, day.day, tzinfo=tz).astimezone(UTC)
+        for _ in range(24 * 60 + 60):
+            slot = next_slot(cron, zone, at)
+            assert slot > at, (zone, cron, at)
+            at += timedelta(minutes=1)
+
+
+def _transition_days(tz: ZoneInfo, year: int) -> list[datetime]:
+    days = []
+    day = datetime(year, 1, 1, 12, tzinfo=tz)
+    for _ in range(366):
+        following = day + timedelta(days=1)
+        if day.utcoffset() != following.utcoffset():
+            days.append(day)
+        day = following
+    return days
+
+
+def test_a_new_schedule_in_the_repeated_hour_starts_after_now() -> None:
+    ny = "America/New_York"
+    second_0110 = local(ny, 2026, 11, 1, 1, 10, fold=1).astimezone(UTC)  # 01:10 EST
+    slot = next_slot("30 1 * * *", ny, second_0110)
+    assert slot == local(ny, 2026, 11, 2, 1, 30).astimezone(UTC)  # tomorrow, not 40 min ago
+
+
+@pytest.mark.parametrize("bad", ["1" * 5000 + " * * * *", "* " * 600, "localtime-zone-check"])
+def test_oversized_and_overflowing_crons_raise_validation_error(bad: str) -> None:
+    if bad == "localtime-zone-check":
+        with pytest.raises(cyclone.ValidationError, match="'localtime'"):
+            resolve_location("localtime")
+        return
+    with pytest.raises(cyclone.ValidationError, match="cron expression"):
+        parse_cron(bad)

@@ -26,12 +26,14 @@ from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 
-__all__ = ["PURGE_BATCH", "Purger", "purge_async", "purge_sync"]
+__all__ = ["PASS_BATCHES", "PURGE_BATCH", "Purger", "purge_async", "purge_sync"]
 
 log = logging.getLogger("cyclone.purge")
 
 PURGE_BATCH = 500
 """Runs one purge transaction deletes at most."""
+PASS_BATCHES = 20
+"""Batches one background pass runs before it gives its connection back."""
 
 
 def _stmt(older_than: float | None, batch: int) -> Stmt:
@@ -90,14 +92,14 @@ class Purger(Periodic):
         self._pool = pool
 
     async def pass_once(self) -> bool:
-        """One :meth:`purge_once`; never asks for an immediate next pass."""
-        await self.purge_once()
-        return False
+        """One :meth:`purge_once`; True (the next pass at once) when it hit its cap."""
+        return await self.purge_once() >= PASS_BATCHES * PURGE_BATCH
 
     async def purge_once(self) -> int:
-        """One pass: at most 20 batches, so one client never holds the table long."""
+        """One pass: at most :data:`PASS_BATCHES` batches (then the connection goes
+        back to the pool, and :meth:`run` comes back at once for the rest)."""
         async with self._pool.connection() as conn:
-            deleted = await purge_async(conn, max_batches=20)
+            deleted = await purge_async(conn, max_batches=PASS_BATCHES)
         if deleted:
             log.info("purged %d expired run(s)", deleted)
         return deleted

@@ -21,6 +21,7 @@ Which slot fires is :func:`cyclone.schedules.fire_plan`'s decision (catch-up pol
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, run_plan_async
 from cyclone.notify import Publisher
 from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
-from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, fire_plan
+from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, FirePlan, fire_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
 
@@ -138,8 +139,20 @@ class ScheduleScanner(Periodic):
         return ScheduleScanResult(fired=fired, failed=failed, lost=lost)
 
     async def _fire(self, row: dict[str, Any]) -> set[str]:
-        plan = fire_plan(
-            row["cron_spec"], row["location"], row["next_run_at"], row["now"], self.catch_up
+        """Fire one slot of a claimed schedule; the queues its run went to.
+
+        Raises:
+            _LostSlot: another scanner, an update or a disable came first, or the slot
+                has a fire row already (passed over, not a failure).
+        """
+        # a long catch-up walk is CPU work: off the event loop
+        plan = await asyncio.to_thread(
+            fire_plan,
+            row["cron_spec"],
+            row["location"],
+            row["next_run_at"],
+            row["now"],
+            self.catch_up,
         )
         if plan.skipped:
             log.info(
@@ -148,10 +161,22 @@ class ScheduleScanner(Periodic):
                 f"{plan.skipped}+" if plan.skipped >= SKIP_COUNT_LIMIT else plan.skipped,
                 plan.slot.isoformat(),
             )
+        try:
+            run_id, queues = await self._insert_fire(row, plan)
+        except psycopg.errors.UniqueViolation:
+            # The slot has a fire row already (next_run_at was moved back by hand): it
+            # fired once, so it is passed over rather than counted as a failure.
+            await self._pass_over(row, plan)
+            raise _LostSlot(row["id"]) from None
+        log.info("schedule %r fired slot %s: run %d", row["id"], plan.slot.isoformat(), run_id)
+        return queues
+
+    async def _insert_fire(self, row: dict[str, Any], plan: FirePlan) -> tuple[int, set[str]]:
+        """The fire transaction: the run, then the guarded move and the fire row."""
         async with self._pool.connection() as conn, conn.transaction():
             if row["def_version"] is None:
                 rows = await fetch_async(conn, Stmt(Q.steps_enqueue, _enqueue_params(row)))
-                run_id = rows[0][1]
+                run_id: int = rows[0][1]
                 queues = {row["queue"]}
             else:
                 compiled = self._definitions[row["def_version"]]
@@ -174,8 +199,25 @@ class ScheduleScanner(Periodic):
             )
             if not done:
                 raise _LostSlot(row["id"])
-        log.info("schedule %r fired slot %s: run %d", row["id"], plan.slot.isoformat(), run_id)
-        return queues
+        return run_id, queues
+
+    async def _pass_over(self, row: dict[str, Any], plan: FirePlan) -> None:
+        async with self._pool.connection() as conn:
+            moved = await fetch_async(
+                conn,
+                Stmt(
+                    Q.schedules_pass_over,
+                    {
+                        "id": row["id"],
+                        "owner": self._owner,
+                        "due": row["next_run_at"],
+                        "slot": plan.slot,
+                        "next_run_at": plan.next_run_at,
+                    },
+                ),
+            )
+        if moved:
+            log.warning("schedule %r: slot %s has fired before; passed over", row["id"], plan.slot)
 
     async def _record_failure(self, schedule_id: str, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"

@@ -112,6 +112,7 @@ class Queries:
     schedules_list: LiteralString
     schedules_claim: LiteralString
     schedules_fired: LiteralString
+    schedules_pass_over: LiteralString
     schedules_failed: LiteralString
     # notify.sql
     notify_publish: LiteralString

@@ -154,6 +154,26 @@ FROM moved
 RETURNING schedule_id;
 
 
+-- name: schedules_pass_over
+-- Move a schedule past a slot that has a fire row already (its next_run_at was moved
+-- back by hand), guarded like a fire; no run is inserted.
+UPDATE cyclone_schedules
+SET next_run_at = %(next_run_at)s,
+    lease_owner = NULL,
+    lease_expiry = NULL,
+    updated_at = now()
+WHERE id = %(id)s
+  AND lease_owner = %(owner)s
+  AND next_run_at = %(due)s
+  AND %(next_run_at)s::timestamptz > next_run_at
+  AND EXISTS (
+      SELECT 1
+      FROM cyclone_schedule_fires f
+      WHERE f.schedule_id = %(id)s
+        AND f.scheduled_for = %(slot)s)
+RETURNING id;
+
+
 -- name: schedules_failed
 -- A fire that failed: record the error, count it, and back off (1 s after the first
 -- failure, doubling with each, at most cap_s) by leaving a lease_expiry in the future
