@@ -485,6 +485,18 @@ def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approv
     options = DemoOptions(
         dsn=dsn, out_dir=out_dir, fresh=fresh, chaos=chaos, manual_approve=manual_approve
     )
-    status = asyncio.run(run_demo(options, Console(highlight=False)))
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the demo as Ctrl-C does: workers stopped
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        status = asyncio.run(run_demo(options, Console(highlight=False)))
+    except KeyboardInterrupt:
+        click.echo(
+            "interrupted: the run stays in the database; `cyclone demo` follows it again",
+            err=True,
+        )
+        raise SystemExit(130) from None
     if status:
         raise SystemExit(status)

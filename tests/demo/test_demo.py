@@ -8,6 +8,8 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
+import signal as signal_module
 import subprocess
 import sys
 import zipfile
@@ -41,10 +43,16 @@ def run_demo(dsn: str, out: Path, *args: str) -> str:
 
 
 def expected_figures() -> dict[str, Any]:
-    """Carrier and origin figures straight from the CSV files, without the engine."""
+    """The report's figures straight from the CSV files, without the engine."""
     folder = data.dataset_dir()
-    carriers: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])  # flights, n, sum, cancel
+    weather: dict[tuple[str, str], tuple[str, str]] = {}
+    with (folder / "weather.csv").open(newline="") as raw:
+        for row in csv.DictReader(raw):
+            weather[row["origin"], row["time_hour"]] = (row["precip"], row["visib"])
+    # carrier -> [flights, arr n, arr sum, cancelled, dep n, dep sum]
+    carriers: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     origins: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # flights, cancelled
+    conditions: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])  # n, sum
     with zipfile.ZipFile(folder / "flights.csv.zip") as archive, archive.open("flights.csv") as raw:
         for row in csv.DictReader(io.TextIOWrapper(raw, "utf-8")):
             c = carriers[row["carrier"]]
@@ -56,13 +64,32 @@ def expected_figures() -> dict[str, Any]:
             c[3] += cancelled
             origins[row["origin"]][0] += 1
             origins[row["origin"]][1] += cancelled
+            if row["dep_delay"] == "NA":
+                continue
+            delay = int(row["dep_delay"])
+            c[4] += 1
+            c[5] += delay
+            hour = weather.get((row["origin"], row["time_hour"]))
+            if hour is None:
+                continue
+            precip, visib = hour
+            if precip != "NA":
+                name = "precipitation" if float(precip) > 0 else "dry"
+                conditions[row["origin"], name][0] += 1
+                conditions[row["origin"], name][1] += delay
+            if visib != "NA":
+                name = "visibility < 3 mi" if float(visib) < 3 else "visibility >= 3 mi"
+                conditions[row["origin"], name][0] += 1
+                conditions[row["origin"], name][1] += delay
     means = {k: round(v[2] / v[1], 1) for k, v in carriers.items()}
-    ranked = sorted(means, key=lambda k: (-means[k], k))
+    ranked = sorted((k for k in means if carriers[k][0] >= 1000), key=lambda k: (-means[k], k))
     return {
         "flights": sum(v[0] for v in carriers.values()),
         "cancelled": sum(v[3] for v in carriers.values()),
         "top": [(k, means[k], carriers[k][0]) for k in ranked[:5]],
+        "dep": {k: round(v[5] / v[4], 1) for k, v in carriers.items()},
         "origins": {k: tuple(v) for k, v in origins.items()},
+        "weather": {k: (v[0], round(v[1] / v[0], 1)) for k, v in conditions.items()},
     }
 
 
@@ -80,10 +107,20 @@ def stored_figures(db: psycopg.Connection[Any], run_id: int) -> dict[str, Any]:
 def check(figures: dict[str, Any], expected: dict[str, Any]) -> None:
     assert figures["flights"] == expected["flights"] == 336_776
     assert figures["cancelled"] == expected["cancelled"]
-    top = [(c["carrier"], c["mean_arr_delay"], c["flights"]) for c in figures["carriers"][:5]]
+    by_code = {c["carrier"]: c for c in figures["carriers"]}
+    top = [
+        (code, by_code[code]["mean_arr_delay"], by_code[code]["flights"])
+        for code in figures["ranked"][:5]
+    ]
     assert top == expected["top"]
+    assert {k: c["mean_dep_delay"] for k, c in by_code.items()} == expected["dep"]
     origins = {o["origin"]: (o["flights"], o["cancelled"]) for o in figures["origins"]}
     assert origins == expected["origins"]
+    weather = {
+        (w["origin"], w["condition"]): (w["flights"], w["mean_dep_delay"])
+        for w in figures["weather"]
+    }
+    assert weather == expected["weather"]
 
 
 def etl_runs(db: psycopg.Connection[Any]) -> list[int]:
@@ -104,7 +141,12 @@ def test_demo_report_is_right_and_submit_once(
     first = expected["top"][0]
     assert f"| {first[0]} |" in report and f"| {first[1]:.1f} |" in report
     assert (tmp_path / f"run-{run_id}" / "delays.png").read_bytes()[:4] == b"\x89PNG"
-    assert scalar(db, "SELECT count(*) FROM demo_flights WHERE run_id = %s", (run_id,)) == 336_776
+    # the staged rows went with the join's completion; the aggregates stay
+    assert scalar(db, "SELECT count(*) FROM demo_flights WHERE run_id = %s", (run_id,)) == 0
+    assert (
+        scalar(db, "SELECT sum(flights) FROM demo_month_origin WHERE run_id = %s", (run_id,))
+        == 336_776
+    )
     assert "Timings" in out
     # a re-run finds the finished run by the data set's submit key: nothing recomputed
     again = run_demo(dsn, tmp_path)
@@ -165,20 +207,9 @@ def test_two_fresh_demos_at_once(
         check(stored_figures(db, run_id), expected)
 
 
-def test_manual_approval_waits_for_cyclone_signal(
-    dsn: str, db: psycopg.Connection[Any], tmp_path: Path
-) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        demo_command(dsn, tmp_path, "--manual-approve"),
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        waiting = poll_until(
+def _approve_wait(db: psycopg.Connection[Any]) -> int:
+    return int(
+        poll_until(
             lambda: scalar(
                 db,
                 "SELECT run_id FROM cyclone_steps WHERE node = 'approve'"
@@ -187,6 +218,26 @@ def test_manual_approval_waits_for_cyclone_signal(
             timeout=120,
             what="the approval wait",
         )
+    )
+
+
+def test_manual_approval_waits_for_cyclone_signal(
+    dsn: str, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """Also on a data set computed before: --manual-approve starts a new run."""
+    run_demo(dsn, tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = (tmp_path / "manual.out").open("w")
+    proc = subprocess.Popen(
+        demo_command(dsn, tmp_path, "--manual-approve"),
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        waiting = _approve_wait(db)
         signal = subprocess.run(
             [sys.executable, "-m", "cyclone", "signal", str(waiting), "approve", '{"by": "ann"}'],
             cwd=ROOT,
@@ -197,10 +248,44 @@ def test_manual_approval_waits_for_cyclone_signal(
             check=False,
         )
         assert signal.returncode == 0, signal.stderr
-        output, _ = proc.communicate(timeout=120)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "manual.out").read_text()
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, output
+            proc.terminate()  # the demo stops its workers on SIGTERM
+            proc.wait(timeout=60)
+        log.close()
+    assert len(etl_runs(db)) == 2
     assert stored_figures(db, waiting)["approved_by"] == "ann"
+    report = (tmp_path / f"run-{waiting}" / "report.md").read_text()
+    assert "Approved for publication by ann." in report
+
+
+def test_sigterm_stops_the_demo_and_its_workers(
+    dsn: str, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "demo.out"
+    with out.open("w") as log:
+        proc = subprocess.Popen(
+            demo_command(dsn, tmp_path, "--manual-approve"),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            run_id = _approve_wait(db)
+            proc.send_signal(signal_module.SIGTERM)
+            assert proc.wait(timeout=90) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = out.read_text()
+    pids = [int(p) for p in re.findall(r"\d+", text.split("(pids ", 1)[1].split(";", 1)[0])]
+    assert len(pids) == 2
+    for pid in pids:  # stopped and reaped by the demo before it exited
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+            f"/proc/{pid}/status"
+        ).read_text(errors="replace")
+    assert "the run stays in the database" in text
+    assert scalar(db, "SELECT state FROM cyclone_runs WHERE id = %s", (run_id,)) == "running"

@@ -14,7 +14,8 @@
   its month per carrier and per origin airport into business tables, in its
   completion transaction.
 * ``weather_join`` (a fan-in of the months and the weather) relates departure delay to
-  precipitation and visibility per origin airport.
+  precipitation and visibility per origin airport, then deletes the run's staged rows
+  (the aggregates stay) in the same completion transaction.
 * ``approve`` waits for the signal ``approve`` (sent by the demo, or by an operator
   with ``cyclone signal RUN approve``).
 * ``publish`` starts the child workflow ``flights_report``, which renders the report
@@ -72,6 +73,7 @@ class DemoQueries:
     demo_month_by_carrier: LiteralString
     demo_month_by_origin: LiteralString
     demo_weather_effect: LiteralString
+    demo_drop_staging: LiteralString
     demo_carrier_year: LiteralString
     demo_carrier_months: LiteralString
     demo_origin_year: LiteralString
@@ -173,6 +175,7 @@ def weather_join(ctx: cyclone.Context, inputs: list[Any]) -> dict[str, Any]:
     months, weather = inputs
     tx: psycopg.Connection[Any] = ctx.completion_tx()
     rows = tx.execute(SQL.demo_weather_effect, {"run_id": ctx.run_id}).fetchall()
+    tx.execute(SQL.demo_drop_staging, {"run_id": ctx.run_id})  # 360k rows nobody reads again
     return {
         "source_run": ctx.run_id,
         "months": len(months),

@@ -53,8 +53,8 @@ COPY demo_flights_in FROM STDIN (FORMAT csv, HEADER true, NULL 'NA');
 
 
 -- name: demo_load_flights
--- Replace this run's staged flights (a retried load starts from nothing) and return the
--- months found with their flight counts.
+-- This run's staged flights (the DELETE only guards against rows of an earlier load;
+-- a failed load rolls back with its step) and the months found with their counts.
 WITH gone AS (
     DELETE FROM demo_flights WHERE run_id = %(run_id)s
 ), loaded AS (
@@ -153,6 +153,14 @@ GROUP BY origin, condition
 ON CONFLICT (run_id, origin, condition) DO UPDATE
 SET flights = excluded.flights, mean_dep_delay = excluded.mean_dep_delay
 RETURNING origin, condition, flights, mean_dep_delay;
+
+
+-- name: demo_drop_staging
+-- The run's staged rows, once the join (their last reader) has used them.
+WITH flights AS (
+    DELETE FROM demo_flights WHERE run_id = %(run_id)s
+)
+DELETE FROM demo_weather WHERE run_id = %(run_id)s;
 
 
 -- name: demo_carrier_year

@@ -7,14 +7,18 @@ they are exact yearly means (sums of delays over counts, never means of monthly 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TOP", "chart_png", "figures", "markdown", "write_files"]
+__all__ = ["MIN_FLIGHTS", "TOP", "chart_png", "figures", "markdown", "write_files"]
 
 TOP = 5
 """Carriers the report ranks by mean arrival delay (and the chart draws)."""
+MIN_FLIGHTS = 1_000
+"""Flights a carrier needs in the year to be ranked (a handful of flights makes a mean
+that says little: SkyWest flew 32)."""
 
 
 def _minutes(value: float | None) -> float | None:
@@ -33,7 +37,9 @@ def figures(
     Returns:
         ``flights``, ``cancelled`` (totals); ``carriers`` (each with ``carrier``,
         ``name``, ``flights``, ``cancelled``, ``mean_dep_delay``, ``mean_arr_delay``),
-        highest mean arrival delay first; ``origins`` (the same per origin airport);
+        highest mean arrival delay first; ``ranked`` (the codes of the carriers with at
+        least :data:`MIN_FLIGHTS` flights, in that order); ``origins`` (the same per
+        origin airport);
         ``weather`` (``origin``, ``condition``, ``flights``, ``mean_dep_delay``).
     """
     carrier_rows = [
@@ -68,6 +74,11 @@ def figures(
         "flights": sum(c["flights"] for c in carrier_rows),
         "cancelled": sum(c["cancelled"] for c in carrier_rows),
         "carriers": carrier_rows,
+        "ranked": [
+            c["carrier"]
+            for c in carrier_rows
+            if c["flights"] >= MIN_FLIGHTS and c["mean_arr_delay"] is not None
+        ],
         "origins": origin_rows,
         "weather": weather_rows,
     }
@@ -87,10 +98,13 @@ def markdown(figs: dict[str, Any], *, source_run: int) -> str:
         "",
         f"## The {TOP} carriers with the highest mean arrival delay",
         "",
+        f"Among the carriers with at least {MIN_FLIGHTS:,} flights.",
+        "",
         "| carrier | airline | flights | mean arrival delay (min) | mean departure delay (min) |",
         "| --- | --- | ---: | ---: | ---: |",
     ]
-    for c in figs["carriers"][:TOP]:
+    by_code = {c["carrier"]: c for c in figs["carriers"]}
+    for c in (by_code[code] for code in figs["ranked"][:TOP]):
         lines.append(
             f"| {c['carrier']} | {c['name']} | {c['flights']:,} | {_fmt(c['mean_arr_delay'])} "
             f"| {_fmt(c['mean_dep_delay'])} |"
@@ -119,6 +133,8 @@ def markdown(figs: dict[str, Any], *, source_run: int) -> str:
             f"| {w['origin']} | {w['condition']} | {w['flights']:,} | {_fmt(w['mean_dep_delay'])} |"
         )
     lines += ["", "![Mean arrival delay per month](delays.png)", ""]
+    if figs.get("approved_by"):
+        lines += [f"Approved for publication by {figs['approved_by']}.", ""]
     return "\n".join(lines)
 
 
@@ -132,11 +148,13 @@ def chart_png(monthly: Sequence[Sequence[Any]], figs: dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    top = [c["carrier"] for c in figs["carriers"][:TOP]]
+    top = figs["ranked"][:TOP]
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=90)
+    months = list(range(1, 13))
     for carrier in top:
-        points = [(m, d) for c, m, d in monthly if c == carrier and d is not None]
-        ax.plot([m for m, _ in points], [d for _, d in points], marker="o", label=carrier)
+        means = {m: d for c, m, d in monthly if c == carrier and d is not None}
+        # a month with no flights is a gap in the line, not a straight segment across
+        ax.plot(months, [means.get(m, math.nan) for m in months], marker="o", label=carrier)
     ax.set_xticks(range(1, 13))
     ax.set_xlabel("month of 2013")
     ax.set_ylabel("mean arrival delay (min)")

