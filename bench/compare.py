@@ -8,7 +8,9 @@ database of its own:
    "defer one job" call);
 2. enqueue ``--jobs`` jobs in batches of ``--batch`` (the library's batch call);
 3. process ``--jobs`` queued no-op jobs with 1, then 2 worker processes started
-   together; the time runs until the database shows every job done.
+   together (imports and set-up done before the start barrier); the time runs until
+   the database shows every job done. The systems take turns, ``--repeats`` times
+   (default 3), and the median is reported.
 
 and prints each figure, Cyclone's ratio to each peer, and the raw-PostgreSQL limit of
 the shared pgbench scripts measured in the same run (single-row and 100-row INSERT,
@@ -24,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,6 +55,7 @@ class Settings:
     slots: int
     claim_batch: int
     processes: tuple[int, ...]
+    repeats: int
 
 
 # -- Cyclone ----------------------------------------------------------------------------
@@ -158,7 +163,7 @@ def procrastinate_worker(dsn: str, slots: int, claim_batch: int, start: Barrier,
     import logging
 
     logging.disable(logging.INFO)
-    app = _procrastinate_app(dsn)
+    app = _procrastinate_app(dsn)  # imports and set-up before the barrier, as for Cyclone
 
     async def serve() -> None:
         async with app.open_async():
@@ -220,13 +225,13 @@ def pgqueuer_worker(dsn: str, slots: int, claim_batch: int, start: Barrier, stop
     import logging
 
     logging.disable(logging.WARNING)
+    # imports before the barrier, as for Cyclone
+    from pgqueuer.db import PsycopgDriver
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
 
     async def serve() -> None:
-        from pgqueuer.db import PsycopgDriver
-        from pgqueuer.qm import QueueManager
-        from pgqueuer.queries import Queries
-        from pgqueuer.types import QueueExecutionMode
-
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         qm = QueueManager(Queries(PsycopgDriver(conn)))
 
@@ -289,8 +294,9 @@ async def process(system: Any, worker: Callable[..., None], settings: Settings, 
     return settings.jobs / elapsed
 
 
-async def measure_system(name: str, dsn: str, settings: Settings) -> dict[str, float]:
-    factory, worker = SYSTEMS[name]
+async def enqueue_figures(name: str, dsn: str, settings: Settings) -> dict[str, float]:
+    """Install, then the two enqueue figures of one system."""
+    factory, _ = SYSTEMS[name]
     system = factory(dsn)
     await system.install()
     figures: dict[str, float] = {}
@@ -302,11 +308,11 @@ async def measure_system(name: str, dsn: str, settings: Settings) -> dict[str, f
     seconds = await timed(system.enqueue_batched(settings.jobs, settings.batch))
     figures[f"enqueue batch {settings.batch}"] = settings.jobs / seconds
     log(f"  {name:<14} enqueue batched     {settings.jobs / seconds:>10,.0f} jobs/s")
-    for n in settings.processes:
-        rate = await process(system, worker, settings, n)
-        figures[f"no-op jobs, {n} process{'es' if n > 1 else ''}"] = rate
-        log(f"  {name:<14} no-op, {n} process(es) {rate:>10,.0f} jobs/s")
     return figures
+
+
+def _processing(n: int) -> str:
+    return f"no-op jobs, {n} process{'es' if n > 1 else ''}"
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -318,11 +324,28 @@ def run(settings: Settings) -> dict[str, Any]:
         seconds=3,
     )
     measured: dict[str, dict[str, float]] = {}
-    for name in SYSTEMS:
-        log(f"{name}")
-        with throwaway_database(settings.admin_dsn, f"bench_{name}") as dsn:
-            measured[name] = asyncio.run(measure_system(name, dsn, settings))
-    return {"raw": [r.to_json() for r in raw], "systems": measured}
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in SYSTEMS}
+    with contextlib.ExitStack() as stack:
+        dsns = {
+            name: stack.enter_context(throwaway_database(settings.admin_dsn, f"bench_{name}"))
+            for name in SYSTEMS
+        }
+        for name, dsn in dsns.items():
+            log(name)
+            measured[name] = asyncio.run(enqueue_figures(name, dsn, settings))
+        # processing: the systems take turns, repeat after repeat, so that drift of a
+        # shared machine hits each alike; the median of the repeats is reported
+        for repeat in range(settings.repeats):
+            for n in settings.processes:
+                for name, dsn in dsns.items():
+                    factory, worker = SYSTEMS[name]
+                    rate = asyncio.run(process(factory(dsn), worker, settings, n))
+                    samples[name].setdefault(_processing(n), []).append(rate)
+                    log(f"  repeat {repeat + 1} {name:<14} {n} process(es) {rate:>10,.0f} jobs/s")
+    for name, figures in samples.items():
+        for figure, rates in figures.items():
+            measured[name][figure] = statistics.median(rates)
+    return {"raw": [r.to_json() for r in raw], "systems": measured, "samples": samples}
 
 
 def print_report(settings: Settings, results: dict[str, Any]) -> None:
@@ -331,12 +354,7 @@ def print_report(settings: Settings, results: dict[str, Any]) -> None:
     limits = {
         "enqueue 1/tx": raw.get("insert1.sql c=1"),
         f"enqueue batch {settings.batch}": raw.get("insert100.sql c=1"),
-        **{
-            f"no-op jobs, {n} process{'es' if n > 1 else ''}": raw.get(
-                f"claim_complete10.sql c={n}"
-            )
-            for n in settings.processes
-        },
+        **{_processing(n): raw.get(f"claim_complete10.sql c={n}") for n in settings.processes},
     }
     names = list(systems)
     peers = [n for n in names if n != "cyclone"]
@@ -350,7 +368,8 @@ def print_report(settings: Settings, results: dict[str, Any]) -> None:
     print()
     print(
         f"{settings.jobs:,} no-op jobs per figure; batch {settings.batch}; "
-        f"{settings.slots} slots, claim batch {settings.claim_batch}"
+        f"{settings.slots} slots, claim batch {settings.claim_batch}; each processing "
+        f"figure is the median of {settings.repeats} interleaved repeats"
     )
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
@@ -378,6 +397,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=100)
     parser.add_argument("--claim-batch", type=int, default=50)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=3, help="processing repeats (median)")
     args = parser.parse_args()
     settings = Settings(
         admin_dsn=args.dsn,
@@ -386,6 +406,7 @@ def main() -> None:
         slots=args.slots,
         claim_batch=args.claim_batch,
         processes=tuple(args.processes),
+        repeats=args.repeats,
     )
     started = datetime.now(UTC)
     results = run(settings)
