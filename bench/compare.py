@@ -387,6 +387,9 @@ def print_report(settings: Settings, results: dict[str, Any]) -> None:
         "raw limits: insert1.sql (1/tx), insert100.sql (batched), claim_complete10.sql at the "
         "same client count (processing)"
     )
+    for name, figures in results.get("samples", {}).items():
+        for figure, rates in figures.items():
+            print(f"  {name} {figure}: repeats from {min(rates):,.0f} to {max(rates):,.0f} jobs/s")
 
 
 def main() -> None:
