@@ -393,37 +393,25 @@ def send_signal(dsn: str, schema: str, run_id: int, name: str, payload: str | No
         )
 
 
-@main.command()
-@dsn_option
-@schema_option
-@click.argument("run_id", metavar="RUN", type=int)
-def cancel(dsn: str, schema: str, run_id: int) -> None:
-    """Cancel run RUN and its active steps (its child runs too)."""
-    with _database(dsn, schema) as db:
-        db.client.cancel(run_id)
-    click.echo(f"run {run_id} cancelled")
+def _run_control(name: str, done: str, doc: str) -> None:
+    """Register ``cyclone NAME RUN``: the SyncClient call of that name on the run."""
+
+    @main.command(name, help=doc)
+    @dsn_option
+    @schema_option
+    @click.argument("run_id", metavar="RUN", type=int)
+    def command(dsn: str, schema: str, run_id: int) -> None:
+        with _database(dsn, schema) as db:
+            getattr(db.client, name)(run_id)
+        click.echo(f"run {run_id} {done}")
 
 
-@main.command()
-@dsn_option
-@schema_option
-@click.argument("run_id", metavar="RUN", type=int)
-def pause(dsn: str, schema: str, run_id: int) -> None:
-    """Pause run RUN: running steps finish, nothing new starts until resume."""
-    with _database(dsn, schema) as db:
-        db.client.pause(run_id)
-    click.echo(f"run {run_id} paused")
-
-
-@main.command()
-@dsn_option
-@schema_option
-@click.argument("run_id", metavar="RUN", type=int)
-def resume(dsn: str, schema: str, run_id: int) -> None:
-    """Resume paused run RUN."""
-    with _database(dsn, schema) as db:
-        db.client.resume(run_id)
-    click.echo(f"run {run_id} resumed")
+for _name, _done, _doc in (
+    ("cancel", "cancelled", "Cancel run RUN and its active steps (its child runs too)."),
+    ("pause", "paused", "Pause run RUN: running steps finish, nothing new starts until resume."),
+    ("resume", "resumed", "Resume paused run RUN."),
+):
+    _run_control(_name, _done, _doc)
 
 
 @main.command()

@@ -148,7 +148,7 @@ class StepInfo:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepInfo:
-        """Build from a ``monitor_steps`` / ``monitor_run_steps`` row."""
+        """Build from a ``monitor_steps`` row."""
         return cls(**{**row, "state": StepState(row["state"])})
 
 
@@ -230,8 +230,9 @@ async def find_steps_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> li
 
 def run_steps_sync(conn: psycopg.Connection[Any], run_id: int) -> list[StepInfo]:
     """Every step of one run in insertion order (empty for an unknown run)."""
-    stmt = Stmt(Q.monitor_run_steps, {"run_id": run_id})
-    return [StepInfo.from_row(row) for row in fetch_dicts_sync(conn, stmt)]
+    params = {"run_id": run_id, "state": None, "kind": None, "queue": None, "limit": MAX_LIMIT}
+    rows = fetch_dicts_sync(conn, Stmt(Q.monitor_steps, params))
+    return [StepInfo.from_row(row) for row in reversed(rows)]  # newest first -> oldest first
 
 
 def run_deps_sync(conn: psycopg.Connection[Any], run_id: int) -> list[tuple[str, str]]:

@@ -131,7 +131,6 @@ class Queries:
     monitor_queues: LiteralString
     monitor_kinds: LiteralString
     monitor_steps: LiteralString
-    monitor_run_steps: LiteralString
     monitor_run_deps: LiteralString
 
     def __init__(self) -> None:

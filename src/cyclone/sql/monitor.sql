@@ -47,21 +47,6 @@ ORDER BY v.id DESC
 LIMIT %(limit)s;
 
 
--- name: monitor_run_steps
--- Every step of one run in insertion order (topological, then definition order; the
--- items of a fan-out after it), with the columns of monitor_steps.
-SELECT v.id, v.run_id, v.node, v.kind, v.state, v.queue, v.priority, v.attempt,
-       v.max_attempts, v.error, v.error_kind, v.panic_stack, v.lease_owner,
-       v.lease_expiry, coalesce(v.lease_expired, false) AS lease_expired,
-       v.heartbeat_at, v.reclaims, v.signal_name, v.item_of, v.item_index,
-       v.scheduled_at, v.created_at, v.started_at, v.completed_at,
-       c.id AS child_run_id
-FROM cyclone_v_steps v
-LEFT JOIN cyclone_runs c ON c.parent_run_id = v.run_id AND c.parent_node_id = v.node
-WHERE v.run_id = %(run_id)s
-ORDER BY v.id;
-
-
 -- name: monitor_run_deps
 -- The edges of one run's DAG: each (node, dep_node) pair of cyclone_deps, node after
 -- dep_node, whether a data or a control edge.
