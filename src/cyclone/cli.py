@@ -341,7 +341,8 @@ def schedules(dsn: str, schema: str, as_json: bool) -> None:
     """Cron schedules with their next fire time in their own zone, last run and errors."""
     with _database(dsn, schema) as db:
         found = db.client.list_schedules()
-    _listing(found, as_json, render.schedules_table, "no schedules")
+        now = db.read(monitor.database_now_sync)  # "overdue" by the database's clock
+    _listing(found, as_json, lambda rows: render.schedules_table(rows, now), "no schedules")
 
 
 @main.command()

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, fetch_dicts_sync, fetch_sync
+from cyclone.dbio import Stmt, fetch_async, fetch_dicts_sync, fetch_sync
 from cyclone.errors import ValidationError
 from cyclone.options import check_int, check_text
 from cyclone.sql import Q
@@ -25,9 +25,8 @@ __all__ = [
     "KindStats",
     "QueueStats",
     "StepInfo",
-    "find_steps_async",
+    "database_now_sync",
     "find_steps_sync",
-    "kind_stats_async",
     "kind_stats_sync",
     "queue_stats_async",
     "queue_stats_sync",
@@ -213,19 +212,14 @@ def kind_stats_sync(conn: psycopg.Connection[Any]) -> list[KindStats]:
     return [KindStats.from_row(row) for row in fetch_sync(conn, Stmt(Q.monitor_kinds))]
 
 
-async def kind_stats_async(conn: psycopg.AsyncConnection[Any]) -> list[KindStats]:
-    """The asyncio twin of :func:`kind_stats_sync`."""
-    return [KindStats.from_row(row) for row in await fetch_async(conn, Stmt(Q.monitor_kinds))]
-
-
 def find_steps_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[StepInfo]:
     """The steps a :func:`steps_stmt` selects, newest first."""
     return [StepInfo.from_row(row) for row in fetch_dicts_sync(conn, stmt)]
 
 
-async def find_steps_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> list[StepInfo]:
-    """The asyncio twin of :func:`find_steps_sync`."""
-    return [StepInfo.from_row(row) for row in await fetch_dicts_async(conn, stmt)]
+def database_now_sync(conn: psycopg.Connection[Any]) -> datetime:
+    """The database clock (listings judge ages and lateness by it, not by this host)."""
+    return fetch_sync(conn, Stmt(Q.schedules_now))[0][0]  # type: ignore[no-any-return]
 
 
 def run_steps_sync(conn: psycopg.Connection[Any], run_id: int) -> list[StepInfo]:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import Enum
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -135,9 +135,10 @@ def zone_time(value: datetime, zone: str) -> str:
     return local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-def schedules_table(schedules: Sequence[Schedule], now: datetime | None = None) -> Table:
+def schedules_table(schedules: Sequence[Schedule], now: datetime) -> Table:
     """Schedules: id, target, cron, zone, next fire (in the schedule's zone, marked
-    ``overdue`` when a minute late), enabled, last run, failures and last error."""
+    ``overdue`` when a minute late by ``now``, the database's clock), enabled, last run,
+    failures and last error."""
     table = _table(
         "id",
         "target",
@@ -150,7 +151,6 @@ def schedules_table(schedules: Sequence[Schedule], now: datetime | None = None) 
         "error",
         right=["last run", "failures"],
     )
-    now = now or datetime.now(UTC)
     for s in schedules:
         target = s.target if s.def_version is None else f"{s.target} (workflow {s.def_version[:8]})"
         upcoming = Text(zone_time(s.next_run_at, s.location))

@@ -79,6 +79,8 @@ class DemoQueries:
     demo_origin_year: LiteralString
     demo_weather_rows: LiteralString
     demo_save_report: LiteralString
+    demo_previous_report: LiteralString
+    demo_database_exists: LiteralString
     demo_report: LiteralString
 
     def __init__(self) -> None:

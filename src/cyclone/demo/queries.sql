@@ -208,5 +208,18 @@ SET markdown = excluded.markdown, chart_png = excluded.chart_png,
     figures = excluded.figures, created_at = now();
 
 
+-- name: demo_previous_report
+-- The figures of the newest report of another run (to compare a run's with).
+SELECT run_id, figures FROM demo_reports
+WHERE run_id <> %(run_id)s
+ORDER BY created_at DESC
+LIMIT 1;
+
+
+-- name: demo_database_exists
+-- On the server's admin database: whether the demo's database exists.
+SELECT 1 FROM pg_database WHERE datname = %(name)s;
+
+
 -- name: demo_report
 SELECT markdown, chart_png, figures FROM demo_reports WHERE run_id = %(run_id)s;

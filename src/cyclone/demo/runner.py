@@ -161,9 +161,7 @@ def find_database(dsn: str | None, console: Console) -> tuple[str, DevServer | N
             f"{server.data_dir} (stopped at the end, kept for the next demo)"
         )
     with psycopg.connect(server.dsn, autocommit=True) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DATABASE,)
-        ).fetchone()
+        exists = conn.execute(etl.SQL.demo_database_exists, {"name": DEMO_DATABASE}).fetchone()
         if not exists:
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DEMO_DATABASE)))
@@ -332,11 +330,7 @@ def _stored_report(dsn: str, run_id: int) -> tuple[str, bytes, dict[str, Any]] |
 
 def _previous_figures(dsn: str, run_id: int) -> tuple[int, dict[str, Any]] | None:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute(
-            "SELECT run_id, figures FROM demo_reports WHERE run_id <> %s "
-            "ORDER BY created_at DESC LIMIT 1",
-            (run_id,),
-        ).fetchone()
+        row = conn.execute(etl.SQL.demo_previous_report, {"run_id": run_id}).fetchone()
     return None if row is None else (row[0], row[1])
 
 
