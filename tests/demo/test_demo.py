@@ -249,6 +249,9 @@ def test_manual_approval_waits_for_cyclone_signal(
         )
         assert signal.returncode == 0, signal.stderr
         assert proc.wait(timeout=120) == 0, (tmp_path / "manual.out").read_text()
+        printed = (tmp_path / "manual.out").read_text()
+        assert f"cyclone signal {waiting} approve " in printed  # one copyable line
+        assert f"CYCLONE_DSN='{dsn}' cyclone signal {waiting}" in printed
     finally:
         if proc.poll() is None:
             proc.terminate()  # the demo stops its workers on SIGTERM

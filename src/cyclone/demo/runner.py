@@ -237,22 +237,28 @@ async def _follow(
     approved = options.manual_approve
     killed = not options.chaos
     hint = (
-        f"waiting for you: CYCLONE_DSN='{dsn}' cyclone signal {run_id} "
-        f'approve \'{{"by": "you"}}\''
+        "waiting for you: run the command printed above"
         if options.manual_approve
         else "waiting for the approval signal"
     )
+    command = f"CYCLONE_DSN='{dsn}' cyclone signal {run_id} approve '{{\"by\": \"you\"}}'"
+    told = False
     with Live(console=console, refresh_per_second=8, transient=False) as live:
         while True:
             run = await client.get_run(run_id)
             steps = await client.list_steps(run_id)
             by_node = {s.node: s for s in steps}
             child = await _child_run(client, run_id, by_node.get("publish"))
-            if (
-                not approved
-                and by_node.get("approve")
-                and by_node["approve"].state.value == ("waiting_signal")
-            ):
+            waiting = by_node.get("approve") is not None and (
+                by_node["approve"].state.value == "waiting_signal"
+            )
+            if options.manual_approve and waiting and not told:
+                # one whole line above the live view (also without a terminal), never
+                # wrapped, so that it can be copied as it is
+                live.console.print("approve the report with:", markup=False)
+                live.console.print(command, markup=False, soft_wrap=True)
+                told = True
+            if not approved and waiting:
                 approved = await client.signal(run_id, "approve", {"by": "cyclone demo"})
                 if approved:
                     events.append("aggregates ready: the demo approved the report")
