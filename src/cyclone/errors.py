@@ -7,6 +7,7 @@ Grouped by role (``python-api.md``, Errors):
 * lookups: :class:`NotFoundError`;
 * state conflicts: :class:`StateError`;
 * waiting: :class:`WaitTimeout`;
+* the database out of reach: :class:`DatabaseUnavailable`;
 * raised by handlers to steer the engine: :class:`Discard`;
 * interrupts delivered into handler code, derived from ``BaseException`` so that a
   broad ``except Exception`` in user code does not swallow them:
@@ -17,9 +18,12 @@ A rejected call writes nothing.
 
 from __future__ import annotations
 
+import psycopg
+
 __all__ = [
     "ConfigurationError",
     "CycloneError",
+    "DatabaseUnavailable",
     "Discard",
     "LeaseLost",
     "NotFoundError",
@@ -81,6 +85,18 @@ class StateError(CycloneError):
 
 class WaitTimeout(CycloneError, TimeoutError):
     """``wait`` gave up: the run was not terminal within the timeout."""
+
+    __module__ = "cyclone"
+
+
+class DatabaseUnavailable(CycloneError, psycopg.OperationalError):
+    """A producer or inspection call could not get a connection in time.
+
+    Raised after the client's ``connect_timeout`` (a few seconds) when the server is
+    down, unreachable or refusing connections, instead of waiting for the pool without
+    end. Nothing was sent, so nothing was written: the call is safe to retry. Also a
+    ``psycopg.OperationalError``, so code catching that keeps working.
+    """
 
     __module__ = "cyclone"
 

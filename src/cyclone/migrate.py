@@ -1,11 +1,14 @@
-"""The migration runner: numbered SQL files applied once, under an advisory lock.
+"""The migration runner: numbered SQL files applied once, each under a transaction lock.
 
-The files are ``cyclone/migrations/NNNN_<name>.sql`` inside the package. ``migrate``
-takes a session-level advisory lock (so connect directly or through session-mode
-PgBouncer), creates the target schema and ``cyclone_schema_version`` when missing,
-applies each missing version in its own transaction and records it. Calling it at
-every process start is safe; concurrent callers wait for each other and the later ones
-find nothing to do (schema-reference, Migration and Compatibility Notes).
+The files are ``cyclone/migrations/NNNN_<name>.sql`` inside the package. Each missing
+version is applied in a transaction of its own, which first takes the schema's
+transaction-scoped advisory lock (``pg_advisory_xact_lock``), creates the target schema
+and ``cyclone_schema_version`` when missing, re-reads the applied versions, then applies
+the next missing file and records it. Nothing outlives a transaction (no session lock,
+no session setting: the schema is set with ``set_config(..., true)`` in each one), so
+migrating through any pooler is safe, transaction mode included. Calling it at every
+process start is safe; concurrent callers take turns and the later ones find nothing to
+do.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import LiteralString
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 
-from cyclone.connections import check_schema_name, connect_kwargs
+from cyclone.connections import ConnectionSettings
+from cyclone.dbio import Stmt, fetch_async, fetch_sync
 from cyclone.errors import ConfigurationError
 from cyclone.sql import Q
 
@@ -58,38 +62,54 @@ def available_migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-def migrate(conninfo: str, *, schema: str = "public") -> list[int]:
+def migrate(conninfo: str, *, schema: str = "public", pooler: str | None = None) -> list[int]:
     """Bring the database at ``conninfo`` to the newest schema.
 
     Args:
         conninfo: a libpq connection string or URL.
         schema: the Postgres schema to install into (created when missing).
+        pooler: ``"transaction"`` when ``conninfo`` goes through a transaction-mode
+            pooler, ``"session"`` otherwise; default ``$CYCLONE_POOLER``, else
+            ``"session"``. Migration is safe through a pooler either way; the mode
+            decides whether the schema may travel as a startup option.
 
     Returns:
         The versions applied by this call, in order; empty when already current.
 
     Raises:
-        ValidationError: ``schema`` is not a plain identifier.
+        ValidationError: ``schema`` is not a plain identifier, or a bad ``pooler``.
         psycopg.OperationalError: the database cannot be reached.
     """
-    check_schema_name(schema)
+    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
+    migrations = available_migrations()
     applied: list[int] = []
-    with psycopg.connect(conninfo, autocommit=True, **connect_kwargs(schema)) as conn:
-        conn.execute(Q.migrate_lock, {"schema": schema})
-        try:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(Q.migrate_version_table)
-            done = {row[0] for row in conn.execute(Q.migrate_applied).fetchall()}
-            for migration in available_migrations():
-                if migration.version in done:
-                    continue
-                with conn.transaction():
-                    conn.execute(migration.text)
-                    conn.execute(Q.migrate_record, {"version": migration.version})
-                applied.append(migration.version)
-        finally:
-            conn.execute(Q.migrate_unlock, {"schema": schema})
+    with psycopg.connect(
+        settings.conninfo_for("cyclone-migrate"), **settings.kwargs(autocommit=True)
+    ) as conn:
+        while True:
+            with conn.transaction():
+                done = _lock_and_read(conn, schema)
+                missing = [m for m in migrations if m.version not in done]
+                if not missing:
+                    break
+                conn.execute(missing[0].text)
+                conn.execute(Q.migrate_record, {"version": missing[0].version})
+            applied.append(missing[0].version)
+            log.info("applied migration %04d_%s", missing[0].version, missing[0].name)
     return applied
+
+
+def _lock_and_read(conn: psycopg.Connection[Any], schema: str) -> set[int]:
+    """In the migration transaction: take the lock, make sure the schema and the version
+    table exist, point ``search_path`` at the schema; the versions applied so far."""
+    conn.execute(Q.migrate_lock, {"schema": schema})
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    conn.execute(_LOCAL_PATH, {"schema": schema})
+    conn.execute(Q.migrate_version_table)
+    return {row[0] for row in conn.execute(Q.migrate_applied).fetchall()}
+
+
+_LOCAL_PATH: LiteralString = "SELECT set_config('search_path', %(schema)s, true)"
 
 
 def _judge(current: int | None, schema: str) -> None:
@@ -106,35 +126,46 @@ def _judge(current: int | None, schema: str) -> None:
         )
 
 
-def check_schema(conninfo: str, *, schema: str = "public") -> None:
+def check_schema(conninfo: str, *, schema: str = "public", pooler: str | None = None) -> None:
     """Connect once and check that the schema is installed and current.
 
     Raises:
         ConfigurationError: the schema is missing or older than this Cyclone.
+        ValidationError: a bad schema name or pooler mode.
         psycopg.OperationalError: the database cannot be reached (at once, with the
             server's own message).
     """
-    with psycopg.connect(conninfo, autocommit=True, **connect_kwargs(schema)) as conn:
+    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
+    with psycopg.connect(
+        settings.conninfo_for("cyclone"), **settings.kwargs(autocommit=True)
+    ) as conn:
+        settings.prepare(conn)
         try:
-            row = conn.execute(Q.migrate_current).fetchone()
+            rows = fetch_sync(conn, Stmt(Q.migrate_current))
         except psycopg.errors.UndefinedTable:
-            row = None
-    _judge(row[0] if row else None, schema)
+            rows = []
+    _judge(rows[0][0] if rows else None, schema)
 
 
-async def check_schema_async(conninfo: str, *, schema: str = "public") -> None:
+async def check_schema_async(
+    conninfo: str, *, schema: str = "public", pooler: str | None = None
+) -> None:
     """:func:`check_schema` from asyncio code."""
+    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
     conn = await psycopg.AsyncConnection.connect(
-        conninfo, autocommit=True, **connect_kwargs(schema)
+        settings.conninfo_for("cyclone"), **settings.kwargs(autocommit=True)
     )
     async with conn:
+        settings.prepare(conn)
         try:
-            row = await (await conn.execute(Q.migrate_current)).fetchone()
+            rows = await fetch_async(conn, Stmt(Q.migrate_current))
         except psycopg.errors.UndefinedTable:
-            row = None
-    _judge(row[0] if row else None, schema)
+            rows = []
+    _judge(rows[0][0] if rows else None, schema)
 
 
-async def migrate_async(conninfo: str, *, schema: str = "public") -> list[int]:
+async def migrate_async(
+    conninfo: str, *, schema: str = "public", pooler: str | None = None
+) -> list[int]:
     """:func:`migrate` from asyncio code, run in a worker thread."""
-    return await asyncio.to_thread(migrate, conninfo, schema=schema)
+    return await asyncio.to_thread(migrate, conninfo, schema=schema, pooler=pooler)

@@ -10,17 +10,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from typing import Any, Self, Unpack
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import engine_conninfo
+from cyclone.connections import ConnectionSettings
 from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
-from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
+from cyclone.errors import (
+    DatabaseUnavailable,
+    NotFoundError,
+    StateError,
+    ValidationError,
+    WaitTimeout,
+)
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema, migrate
 from cyclone.monitor import QueueStats, queue_stats_sync
@@ -74,6 +80,11 @@ class SyncClient:
         schema: the Postgres schema Cyclone lives in (default ``public``).
         retention: default time a finished run is kept (default 7 days).
         max_connections: size of the client's own pool (default 4).
+        pooler: ``"transaction"`` behind a transaction-mode pooler, ``"session"``
+            otherwise (default ``$CYCLONE_POOLER``, else ``"session"``); see
+            ``Client``.
+        connect_timeout: seconds a call waits for a connection before it raises
+            :class:`cyclone.DatabaseUnavailable` (default 5).
 
     Raises:
         ValidationError: a bad option.
@@ -92,6 +103,8 @@ class SyncClient:
         schema: str = "public",
         retention: Duration | None = timedelta(days=7),
         max_connections: int = 4,
+        pooler: str | None = None,
+        connect_timeout: Duration = 5.0,
     ) -> None:
         self.config = ClientConfig(
             handlers=handlers,
@@ -101,6 +114,9 @@ class SyncClient:
             notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
+        self.connect_timeout = (
+            seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
+        )
         if isinstance(conninfo, ConnectionPool):
             base = conninfo.conninfo
             if not isinstance(base, str):
@@ -109,31 +125,34 @@ class SyncClient:
             self._own_pool = False
         elif isinstance(conninfo, str):
             base = conninfo
-            self._pool = ConnectionPool(
-                engine_conninfo(base, schema=schema, application_name="cyclone-sync"),
-                min_size=1,
-                max_size=max_connections,
-                kwargs={"autocommit": True},
-                open=False,
-                name="cyclone-sync",
-                configure=_read_committed,
-            )
-            self._own_pool = True
         else:
             raise ValidationError(
                 f"conninfo must be a string or a ConnectionPool, got {conninfo!r}"
             )
-        self._conninfo = base
-        self._listen_conninfo = engine_conninfo(
-            base, schema=schema, application_name="cyclone-wait"
+        self.settings = ConnectionSettings.build(
+            base, schema=schema, pooler=pooler, connect_timeout=self.connect_timeout
         )
+        """Conninfo, schema and pooler mode of every connection this client opens."""
+        if isinstance(conninfo, str):
+            self._pool = ConnectionPool(
+                self.settings.conninfo_for("cyclone-sync"),
+                min_size=1,
+                max_size=max_connections,
+                kwargs=self.settings.kwargs(autocommit=True),
+                open=False,
+                name="cyclone-sync",
+                configure=self.settings.configure_sync(),
+            )
+            self._own_pool = True
+        self._conninfo = base
+        self._listen_conninfo = self.settings.conninfo_for("cyclone-wait")
         self._opened = False
 
     # -- lifecycle -----------------------------------------------------------------
 
     def migrate(self) -> list[int]:
         """Apply missing migrations (see :func:`cyclone.migrate`)."""
-        return migrate(self._conninfo, schema=self.config.schema)
+        return migrate(self._conninfo, schema=self.config.schema, pooler=self.settings.pooler)
 
     def open(self) -> None:
         """Check the schema and open the pool (done on first use).
@@ -143,9 +162,16 @@ class SyncClient:
             psycopg.OperationalError: the database cannot be reached.
         """
         if not self._opened:
-            check_schema(self._conninfo, schema=self.config.schema)
+            try:
+                check_schema(self._conninfo, schema=self.config.schema, pooler=self.settings.pooler)
+            except DatabaseUnavailable:
+                raise
+            except psycopg.OperationalError as exc:
+                raise DatabaseUnavailable(
+                    f"cannot connect to the database: {str(exc).strip()}"
+                ) from exc
             if self._own_pool:
-                self._pool.open(wait=True)
+                self._pool.open()
             self._opened = True
 
     def close(self) -> None:
@@ -163,8 +189,21 @@ class SyncClient:
 
     @contextmanager
     def _connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool within ``connect_timeout``.
+
+        Raises:
+            DatabaseUnavailable: none came in time (the server is down or unreachable).
+        """
         self.open()
-        with self._pool.connection() as conn:
+        with ExitStack() as stack:
+            try:
+                conn = stack.enter_context(self._pool.connection(timeout=self.connect_timeout))
+            except PoolTimeout as exc:
+                raise DatabaseUnavailable(
+                    f"no connection to the database within {self.connect_timeout:g} s "
+                    "(is the server up and reachable?)"
+                ) from exc
+            self.settings.prepare(conn)  # a pool passed in is not configured by us
             yield conn
 
     def _publish(
@@ -601,7 +640,7 @@ class SyncClient:
         deadline = None if limit is None else time.monotonic() + limit
         listen: psycopg.Connection[Any] | None = None
         try:
-            if self.config.notify:
+            if self.config.notify and self.settings.listen:
                 try:
                     listen = psycopg.connect(self._listen_conninfo, autocommit=True)
                     listen.execute(Q.notify_listen_done)
@@ -634,8 +673,3 @@ class SyncClient:
         finally:
             if listen is not None:
                 listen.close()
-
-
-def _read_committed(conn: psycopg.Connection[Any]) -> None:
-    """Transactions of this client run READ COMMITTED whatever the server's default."""
-    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED

@@ -119,13 +119,15 @@ def test_public_names_report_the_cyclone_module() -> None:
 
 def test_wakeups_follow_the_commit_of_what_they_announce() -> None:
     """The NOTIFY statements of a batch come after its COMMIT, never inside."""
-    from cyclone.dbio import Stmt, _wrap, script
+    from cyclone.dbio import Stmt, _layout, script
     from cyclone.notify import runs_done_statement, wakeup_statement
 
     work = Stmt(Q.steps_enqueue, {"kind": "k"})
     wakeup = wakeup_statement(["default"], [])
     assert wakeup is not None
-    query, _ = script(_wrap([work], True, [wakeup, runs_done_statement([1])]))
+    query, _ = script(
+        _layout([work], transaction=True, after=[wakeup, runs_done_statement([1])])[0]
+    )
     commit = query.index("COMMIT", query.index("INSERT"))  # not the BEGIN's READ COMMITTED
     assert query.index("BEGIN") < query.index("INSERT") < commit
     assert commit < query.index("pg_notify('cyclone_available'")

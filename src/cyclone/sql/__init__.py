@@ -122,7 +122,6 @@ class Queries:
     notify_listen_done: LiteralString
     # migrate.sql
     migrate_lock: LiteralString
-    migrate_unlock: LiteralString
     migrate_version_table: LiteralString
     migrate_applied: LiteralString
     migrate_current: LiteralString

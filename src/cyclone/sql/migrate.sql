@@ -1,13 +1,16 @@
 -- Statements of the migration runner (cyclone/migrate.py).
+--
+-- Each migration file is applied in a transaction of its own that first takes the
+-- transaction-scoped advisory lock of the schema, then (re)reads the applied versions:
+-- nothing outlives the transaction, so the runner is safe through a transaction-mode
+-- pooler, where a session lock could be taken on one server connection and released
+-- on another (or never).
 
 
 -- name: migrate_lock
--- Session-level advisory lock: one migration at a time per database and schema.
-SELECT pg_advisory_lock(hashtextextended('cyclone.migrate:' || %(schema)s, 0));
-
-
--- name: migrate_unlock
-SELECT pg_advisory_unlock(hashtextextended('cyclone.migrate:' || %(schema)s, 0));
+-- One migration transaction at a time per database and schema; released at COMMIT or
+-- ROLLBACK.
+SELECT pg_advisory_xact_lock(hashtextextended('cyclone.migrate:' || %(schema)s, 0));
 
 
 -- name: migrate_version_table
