@@ -396,6 +396,7 @@ class Client:
                 poll_interval=self.poll_interval,
                 claim_batch=self.claim_batch,
                 shutdown_grace=self.shutdown_grace,
+                behind_transaction_pooler=self.settings.per_transaction,
             ),
             handlers=self.config.handlers,
             pool=self._engine_pool,

@@ -6,6 +6,12 @@ at all. The transaction opens on first use, on a connection from the client's ow
 handler pool (async for ``async def`` handlers, sync for plain ``def`` handlers), after
 taking one of ``tx_slots`` slots; it is committed or rolled back by the worker when the
 handler returns. The engine's reserve of connections is never lent to it.
+
+A sync handler's thread cannot be stopped when it overruns its timeout, but its
+transaction can: :meth:`CompletionTx.end_from_engine` terminates the transaction's
+server backend from an engine connection, so that its row locks and its xid are
+released at once (the retry can run), and refuses the transaction to the thread from
+then on; the connection is closed rather than given back to the pool.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from cyclone.errors import ConfigurationError
+from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.errors import ConfigurationError, LeaseLost
+from cyclone.sql import Q
 
 __all__ = ["CompletionTx", "TxSlots"]
 
@@ -103,14 +111,21 @@ class CompletionTx:
         slots: TxSlots,
         async_pool: AsyncConnectionPool[Any] | None,
         sync_pool: ConnectionPool[Any] | None,
+        *,
+        ask_backend_pid: bool = False,
     ) -> None:
         self._slots = slots
         self._async_pool = async_pool
         self._sync_pool = sync_pool
+        self._ask_pid = ask_backend_pid
         self.async_conn: psycopg.AsyncConnection[Any] | None = None
         self.sync_conn: psycopg.Connection[Any] | None = None
         self._async_block: psycopg.AsyncTransaction | None = None
         self._sync_block: psycopg.Transaction | None = None
+        self._lock = threading.Lock()  # the handler thread against the engine's end
+        self._backend_pid: int | None = None
+        self.ended = False
+        """True once :meth:`end_from_engine` ran: the transaction is refused."""
 
     @property
     def opened(self) -> bool:
@@ -139,7 +154,13 @@ class CompletionTx:
         return self.async_conn
 
     def open_sync(self) -> psycopg.Connection[Any]:
-        """The transaction's connection for a sync handler (opened on first call)."""
+        """The transaction's connection for a sync handler (opened on first call).
+
+        Raises:
+            LeaseLost: the engine ended the transaction (the step timed out).
+        """
+        if self.ended:
+            raise LeaseLost("the step timed out: its completion transaction was ended")
         if self.sync_conn is None:
             pool = self._sync_pool
             if pool is None:
@@ -150,14 +171,42 @@ class CompletionTx:
                 try:
                     block = conn.transaction()
                     block.__enter__()
+                    pid = conn.info.backend_pid
+                    if self._ask_pid:  # behind a pooler the reported pid is not the server's
+                        pid = fetch_sync(conn, Stmt(Q.steps_tx_backend))[0][0]
                 except BaseException:
                     pool.putconn(conn)
                     raise
             except BaseException:
                 self._slots.release()
                 raise
-            self.sync_conn, self._sync_block = conn, block
+            with self._lock:
+                if self.ended:  # ended while it was opening: give it straight back
+                    block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
+                    pool.putconn(conn)
+                    self._slots.release()
+                    raise LeaseLost("the step timed out: its completion transaction was ended")
+                self.sync_conn, self._sync_block = conn, block
+                self._backend_pid = pid
         return self.sync_conn
+
+    async def end_from_engine(self, pool: AsyncConnectionPool[Any]) -> bool:
+        """End a sync handler's transaction from the engine side (its step timed out).
+
+        From now on the transaction is refused to the handler's thread (opening it
+        raises :class:`cyclone.LeaseLost`, a commit becomes a rollback); if it is open,
+        its server backend is terminated from a connection of ``pool``, which rolls it
+        back and frees its locks now, whatever the thread is doing; the thread's next
+        statement on it fails. Returns whether a backend was terminated.
+        """
+        with self._lock:
+            self.ended = True
+            pid = self._backend_pid if self.sync_conn is not None else None
+        if pid is None:
+            return False
+        async with pool.connection() as conn:
+            rows = await fetch_async(conn, Stmt(Q.steps_end_tx_backend, {"pid": pid}))
+        return bool(rows and rows[0][0])
 
     async def close_async(self, *, commit: bool) -> None:
         """Commit or roll back (no-op when not open); return the connection and slot.
@@ -180,17 +229,28 @@ class CompletionTx:
             self._slots.release()
 
     def close_sync(self, *, commit: bool) -> None:
-        """The synchronous twin of :meth:`close_async`."""
-        conn, block = self.sync_conn, self._sync_block
-        self.sync_conn = self._sync_block = None
+        """The synchronous twin of :meth:`close_async`.
+
+        Raises:
+            psycopg.Error: the commit failed (the transaction is then rolled back).
+            LeaseLost: a commit asked after the engine ended the transaction.
+        """
+        with self._lock:
+            conn, block = self.sync_conn, self._sync_block
+            self.sync_conn = self._sync_block = None
+            ended = self.ended
         if conn is None or block is None or self._sync_pool is None:
             return
         try:
-            if commit:
+            if commit and not ended:
                 block.__exit__(None, None, None)
             else:
                 with contextlib.suppress(psycopg.Error):  # a broken connection rolls back
                     block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
+                if ended:
+                    conn.close()  # its backend was terminated: never back into the pool
+                    if commit:
+                        raise LeaseLost("the step timed out: its completion transaction was ended")
         finally:
             self._sync_pool.putconn(conn)
             self._slots.release()

@@ -75,6 +75,7 @@ class WorkerSettings:
     poll_interval: float
     claim_batch: int
     shutdown_grace: float
+    behind_transaction_pooler: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -388,7 +389,12 @@ class Worker:
     def _dispatch(self, queue: _Queue, step: Claimed) -> _Held:
         """Start the handler of a claimed step in its own task; the step as held."""
         handler = self._handlers[step.kind]
-        tx = CompletionTx(self._slots, self._async_tx_pool, self._sync_tx_pool)
+        tx = CompletionTx(
+            self._slots,
+            self._async_tx_pool,
+            self._sync_tx_pool,
+            ask_backend_pid=self.settings.behind_transaction_pooler,
+        )
         ctx = Context(
             run_id=step.run_id,
             step_id=step.id,
@@ -498,10 +504,17 @@ class Worker:
         try:
             result = await asyncio.wait_for(asyncio.shield(future), step.timeout)
         except TimeoutError:
-            # A thread cannot be killed: record the timeout now (the slot stays busy
-            # until the thread returns; its late completion is fenced by the CAS).
+            # A thread cannot be killed: end its completion transaction from here (its
+            # locks and xid go now, so the retry is not blocked behind them), then
+            # record the timeout (the slot stays busy until the thread returns; its
+            # late writes fail and its late completion is fenced by the CAS).
             timed_out = True
             held.ctx._cancelled = True
+            try:
+                if await tx.end_from_engine(self._pool):
+                    log.info("step %d (%s): completion transaction ended", step.id, step.kind)
+            except Exception as error:  # the sweep and the CAS still fence the thread
+                log.warning("step %d: ending its transaction failed: %s", step.id, error)
             exc = TimeoutError(f"step exceeded its timeout of {step.timeout} s")
             await self._record_failure(held, self._decide(handler, step, exc, "timeout"))
             result = await future

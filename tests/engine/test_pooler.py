@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 import cyclone
 from cyclone.migrate import available_migrations
 from tests.apps.pooled import ITEMS, WORKFLOW
+from tests.engine.test_timeouts import timed_out_sync_handler_loses_its_transaction
 from tests.helpers import ROOT, kill, poll_until, scalar, start_worker, worker_log
 from tests.pgbouncer import PgBouncer, available
 
@@ -174,6 +175,16 @@ async def test_a_named_schema_works_through_the_pooler(bouncer: PgBouncer, empty
             "SELECT table_schema FROM information_schema.tables WHERE table_name = 'cyclone_runs'"
         ).fetchall()
         assert where == [("jobs",)]
+
+
+async def test_a_timed_out_sync_handler_loses_its_transaction_behind_the_pooler(
+    bouncer: PgBouncer, dsn: str, db: Conn
+) -> None:
+    """The engine ends a hung sync handler's transaction through the pooler too (it asks
+    the server for the backend's process id: the pooler reports its own)."""
+    await timed_out_sync_handler_loses_its_transaction(
+        bouncer.dsn(_dbname(dsn)), db, pooler="transaction"
+    )
 
 
 def test_cli_commands_take_the_pooler_option(bouncer: PgBouncer, dsn: str) -> None:

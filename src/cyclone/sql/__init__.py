@@ -81,6 +81,8 @@ class Queries:
     steps_children_done: LiteralString
     steps_discard_child: LiteralString
     steps_orphaned_children: LiteralString
+    steps_tx_backend: LiteralString
+    steps_end_tx_backend: LiteralString
     # runs.sql
     runs_lock: LiteralString
     runs_resolve_discard: LiteralString

@@ -768,3 +768,21 @@ WHERE c.parent_run_id IS NOT NULL
   AND c.state IN ('running', 'paused')
   AND s.state IN ('cancelled', 'discarded')
 LIMIT %(limit)s;
+
+
+-- name: steps_tx_backend
+-- The server process of the current completion transaction (behind a transaction
+-- pooler the process id the connection reports is the pooler's, not the server's).
+SELECT pg_backend_pid();
+
+
+-- name: steps_end_tx_backend
+-- End the completion transaction of a sync handler that overran its timeout: terminate
+-- its server process (which rolls the transaction back and releases its locks) if it is
+-- still in a transaction. An idle process (the transaction ended meanwhile) is left
+-- alone. The engine's role may signal processes of its own role.
+SELECT pg_terminate_backend(a.pid)
+FROM pg_stat_activity a
+WHERE a.pid = %(pid)s
+  AND a.backend_type = 'client backend'
+  AND a.state IS DISTINCT FROM 'idle';
