@@ -89,6 +89,11 @@ class ThrowawayServer:
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         self.start()
 
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: every connection is cut) and keep its data;
+        :meth:`start` brings it back."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+
     def stop(self) -> None:
         """Stop the server and delete its folder."""
         with contextlib.suppress(subprocess.CalledProcessError):

@@ -13,6 +13,7 @@ from cyclone.context import Context
 from cyclone.errors import (
     ConfigurationError,
     CycloneError,
+    DatabaseUnavailable,
     Discard,
     LeaseLost,
     NotFoundError,
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigurationError",
     "Context",
     "CycloneError",
+    "DatabaseUnavailable",
     "Discard",
     "Enqueued",
     "Handler",
