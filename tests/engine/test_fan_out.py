@@ -295,3 +295,53 @@ async def test_an_item_discarded_during_a_pause_discards_the_fan_out(
     assert run.error == "item each[1] discarded: Discard: one is bad"
     assert steps["each"].state == StepState.DISCARDED
     assert steps["each"].error_kind == "item_discarded"
+
+
+def capped(max_items: int) -> cyclone.Workflow:
+    wf = cyclone.Workflow(f"capped_{max_items}")
+    source = wf.node("source", make_list)
+    items = wf.fan_out("sq", square, over=source, max_parallel=2, max_items=max_items)
+    wf.result(wf.node("sum", total, input_from=items))
+    return wf
+
+
+async def test_max_items_over_the_cap_discards_the_node_with_no_items(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = capped(5)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(6)))
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED
+    assert steps["sq"].state == StepState.DISCARDED
+    assert steps["sq"].error_kind == "fan_out_too_large"
+    assert steps["sq"].error == "fan-out 'sq' got a list of 6 items, over its max_items of 5"
+    assert steps["sum"].state == StepState.CANCELLED
+    assert sorted(steps) == ["source", "sq", "sum"]  # no item task was inserted
+    stored = db.execute(
+        "SELECT node, fan_out_max_items FROM cyclone_steps WHERE run_id = %s ORDER BY node",
+        (sub.run_id,),
+    ).fetchall()
+    assert stored == [("source", None), ("sq", 5), ("sum", None)]
+
+
+async def test_max_items_at_the_cap_runs_every_item(dsn: str) -> None:
+    wf = capped(5)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(5)))
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.COMPLETED and run.result == sum(v * v for v in range(5))
+    assert steps["sq"].output == [v * v for v in range(5)]
+    assert [n for n in steps if n.startswith("sq[")] == [f"sq[{i}]" for i in range(5)]
+
+
+@pytest.mark.parametrize("bad", [-1, "5", 2.0, True, None, 2**31])
+def test_bad_max_items_is_refused_and_declares_nothing(bad: Any) -> None:
+    wf = cyclone.Workflow("bad_max_items")
+    src = wf.node("src", make_list)
+    with pytest.raises(cyclone.WorkflowError, match="max_items") as caught:
+        wf.fan_out("f", square, over=src, max_items=bad)
+    assert repr(bad) in str(caught.value)
+    assert sorted(wf.nodes) == ["src"]
