@@ -11,7 +11,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState, StepState
-from tests.helpers import scalar
+from tests.helpers import apoll_until, scalar
 
 
 @cyclone.step("fo_list")
@@ -345,3 +345,31 @@ def test_bad_max_items_is_refused_and_declares_nothing(bad: Any) -> None:
         wf.fan_out("f", square, over=src, max_items=bad)
     assert repr(bad) in str(caught.value)
     assert sorted(wf.nodes) == ["src"]
+
+
+async def test_an_item_kick_runs_the_fan_out_part_only(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Item completions kick the scanner's fan-out part: the fan-out runs to its end
+    on those kicks alone (no interval pass comes within the hour), and a due timer
+    waits for the next full pass, which a full kick runs."""
+    wf = squares(2)
+    timer = cyclone.Workflow("due_timer")
+    timer.result(timer.sleep("nap", 0.001))
+    async with client(dsn, wf, timer, poll_interval=3600) as c:
+        scanner = c.wait_scanner
+        assert scanner is not None
+
+        async def first_pass() -> bool:
+            return scanner.passes >= 1
+
+        await apoll_until(first_pass, what="the scanner's first (full) pass")
+        napping = await c.submit(timer, None)
+        run = await c.wait(await c.submit(wf, list(range(6))), timeout=30)
+        assert run.state == RunState.COMPLETED and run.result == sum(v * v for v in range(6))
+        assert scanner.passes > 2  # the fan-out's passes
+        nap = scalar(db, "SELECT state FROM cyclone_steps WHERE run_id = %s", (napping.run_id,))
+        assert nap == "waiting_timer"
+        scanner.kick()
+        done = await c.wait(napping, timeout=30)
+    assert done.state == RunState.COMPLETED

@@ -23,14 +23,19 @@ on every step it changes:
   so one child run per node); a child node whose child run finished completes with
   the child's result, or is discarded when the child failed or was cancelled.
 
-The scanner runs every ``interval`` seconds, and at once when kicked (a worker saw a
-signal wait reached).
+The scanner runs every ``interval`` seconds, and at once when kicked (a worker reached a
+signal wait, a child node or a fan-out node). A kick for an item task that finished
+runs only the fan-out part (releases and completions), so that a fan-out's thousands
+of item completions do not each cost a pass over timers, signals, deadlines and
+children; those still run every ``interval``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,16 +126,53 @@ class WaitScanner(Periodic):
         batch: int = 200,
     ) -> None:
         super().__init__(interval, name="wait scan", jitter=False)
+        self._full_due = True  # the first pass is a full one
+        self._last_full = -math.inf
         self._definitions = definitions or {}
         self._pool = pool
         self._publisher = publisher
         self._wake = wake
         self._batch = batch
 
+    def kick(self) -> None:
+        """Run a full pass (:meth:`scan_once`) now."""
+        self._full_due = True
+        super().kick()
+
+    def kick_fan_outs(self) -> None:
+        """Run a fan-out pass (:meth:`scan_fan_outs`) now, unless a full pass is due.
+
+        An item task finishing asks for this: it may let the scanner release the next
+        items or complete the node, and nothing else (no timer, signal, deadline or
+        child run changes with it), so the other parts keep to their ``interval``.
+        """
+        super().kick()
+
+    def kick_for(self, marks: Set[str]) -> None:
+        """Kick for the ``marks`` an advance reported (``MARKS``): a fan-out pass when
+        the only one is :data:`FAN_OUT_MARK`, a full pass for any other."""
+        if not marks:
+            return
+        if marks <= {FAN_OUT_MARK}:
+            self.kick_fan_outs()
+        else:
+            self.kick()
+
     async def pass_once(self) -> bool:
-        """One :meth:`scan_once`."""
-        await self.scan_once()
+        """A full :meth:`scan_once` when kicked for one or ``interval`` seconds after the
+        last; else (kicked by :meth:`kick_fan_outs` only) :meth:`scan_fan_outs`."""
+        now = asyncio.get_running_loop().time()
+        if self._full_due or now - self._last_full >= self.interval:
+            self._full_due = False
+            self._last_full = now
+            await self.scan_once()
+        else:
+            await self.scan_fan_outs()
         return False
+
+    async def scan_fan_outs(self) -> ScanResult:
+        """Only the fan-out part of a pass; returns what it changed."""
+        return ScanResult(fan_outs=await self._fan_outs())
 
     async def scan_once(self) -> ScanResult:
         """One pass of each kind of work; returns what it changed."""
@@ -149,8 +191,8 @@ class WaitScanner(Periodic):
     ) -> None:
         queues = set(woken)
         if queues & MARKS:
+            self.kick_for(queues & MARKS)
             queues -= MARKS
-            self.kick()
         if queues:
             self._wake(queues)
         if finished:
