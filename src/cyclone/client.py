@@ -435,7 +435,7 @@ class Client:
             definitions=self.config.definitions,
         )
         self.wait_scanner = waits
-        self._worker.on_wait = waits.kick
+        self._worker.on_wait = waits.kick_for
         self._background.append(asyncio.create_task(waits.run(), name="cyclone-waits"))
         schedules = ScheduleScanner(
             self._engine_pool,
@@ -919,9 +919,9 @@ class Client:
     def _announce_woken(self, woken: set[str]) -> None:
         assert self._publisher is not None
         if woken & MARKS:
-            woken -= MARKS
             if self.wait_scanner is not None:
-                self.wait_scanner.kick()
+                self.wait_scanner.kick_for(woken & MARKS)
+            woken -= MARKS
         if woken:
             self._publisher.available(woken)
 

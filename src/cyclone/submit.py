@@ -122,6 +122,7 @@ def compile_workflow(
                 "wait_count": spec.wait_count,
                 "fan_out_parallel": spec.fan_out_parallel,
                 "fan_out_max_bytes": spec.fan_out_max_bytes,
+                "fan_out_max_items": spec.fan_out_max_items,
                 "child_workflow": spec.child.name if spec.child is not None else None,
                 "child_needs_result": spec.child_needs_result,
             }

@@ -119,11 +119,12 @@ class Worker:
         build_request: Callable[..., EnqueueRequest],
         build_submit: Callable[..., Any] | None = None,
         workflows: Mapping[str, list[str]] | None = None,
-        on_wait: Callable[[], None] | None = None,
+        on_wait: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.on_wait = on_wait
-        """Called when an advance reached a signal wait (the client kicks its scanner)."""
+        """Called with the markers (``MARKS``) an advance reported: a wait, child or
+        fan-out node reached, an item task finished (the client kicks its scanner)."""
         self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self.outputs = OutputCache()
@@ -636,12 +637,14 @@ class Worker:
         """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere.
 
         A marker among them (``MARKS``: a signal wait or a fan-out reached, an item task
-        finished) asks the wait scanner for a pass now.
+        finished) asks the wait scanner for a pass now (for an item task only: its
+        fan-out part).
         """
-        if queues & MARKS:
-            queues = queues - MARKS
+        marks = frozenset(queues & MARKS)
+        if marks:
+            queues = queues - marks
             if self.on_wait is not None:
-                self.on_wait()
+                self.on_wait(marks)
         if not queues:
             return
         for queue in queues:

@@ -43,6 +43,10 @@ DepPolicy = Literal["fail_run", "cancel_branch"]
 _ASSEMBLIES = ("tuple", "array")
 _POLICIES = ("fail_run", "cancel_branch")
 _MAX_NODES = 100_000
+_INT32 = 2**31 - 1
+"""The largest value of an ``integer`` column (fan_out_parallel, fan_out_max_items)."""
+_INT64 = 2**63 - 1
+"""The largest value of a ``bigint`` column (fan_out_max_bytes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class NodeSpec:
     wait_count: int | None = None
     fan_out_parallel: int | None = None
     fan_out_max_bytes: int | None = None
+    fan_out_max_items: int | None = None
     child: Workflow | None = None
     child_needs_result: bool | None = None
 
@@ -293,6 +298,7 @@ class Workflow:
         over: NodeRef,
         max_parallel: int = 0,
         max_bytes: int = 0,
+        max_items: int = 0,
         after: Iterable[NodeRef] = (),
         queue: str | None = None,
         priority: int | None = None,
@@ -310,17 +316,33 @@ class Workflow:
         order for a step kind (over ``max_bytes`` of JSON, 0 for no limit, the node is
         discarded with ``error_kind = 'fan_out_too_large'``), with no output for an
         action. An empty list completes at once; an output that is not a list discards
-        the node (``'fan_out_input'``). The first item discarded discards the node and
-        cancels the remaining items; the node's dependents then apply their policy.
+        the node (``'fan_out_input'``). A list of more than ``max_items`` elements (0:
+        no cap) gets no item tasks: the node is discarded with ``'fan_out_too_large'``,
+        its error naming the list's length and the cap. The first item discarded
+        discards the node and cancels the remaining items; the node's dependents then
+        apply their policy.
+
+        Args:
+            max_parallel: items runnable at once, 0 for no limit (at most 2**31 - 1).
+            max_bytes: cap on the collected output's JSON size in bytes, 0 for none
+                (at most 2**63 - 1).
+            max_items: cap on the number of elements of ``over``'s list, 0 for none
+                (at most 2**31 - 1).
 
         Raises:
-            WorkflowError: as :meth:`node`, or a bad ``max_parallel`` / ``max_bytes``.
+            WorkflowError: as :meth:`node`, or a bad ``max_parallel`` / ``max_bytes`` /
+                ``max_items`` (not an int, a bool, negative, or too large), naming it.
         """
-        for value, what in ((max_parallel, "max_parallel"), (max_bytes, "max_bytes")):
+        limits = (
+            (max_parallel, "max_parallel", _INT32),
+            (max_bytes, "max_bytes", _INT64),
+            (max_items, "max_items", _INT32),
+        )
+        for value, what, ceiling in limits:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise WorkflowError(f"fan-out {id!r}: {what} must be an int >= 0, got {value!r}")
-        if max_parallel > 2**31 - 1:
-            raise WorkflowError(f"fan-out {id!r}: max_parallel is too large: {max_parallel}")
+            if value > ceiling:
+                raise WorkflowError(f"fan-out {id!r}: {what} is too large: {value}")
         node = self.node(
             id,
             kind,
@@ -339,6 +361,7 @@ class Workflow:
             spec,
             fan_out_parallel=max_parallel,
             fan_out_max_bytes=max_bytes if has_output else None,
+            fan_out_max_items=max_items,
         )
         return node
 

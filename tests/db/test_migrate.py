@@ -4,8 +4,10 @@ The expected schema below is written from the specification, not from the SQL fi
 schema-reference.txt (tables, columns, types, keys, indexes), postgres-architecture.txt
 (the NOT NULL columns, defaults and storage parameters of its CREATE TABLE excerpts)
 and decisions.md, "Schema details the reference leaves open" (the version table and
-the view columns). A failure lists every difference between the database and the
-specification at once.
+the view columns). Migrations after the first only add objects: each addition is in
+:data:`ADDITIONS`, and listed in docs/migrations.md. The database must hold the
+reference objects exactly as the reference describes them, plus the additions, and
+nothing else. A failure lists every difference at once.
 
 Then the runner itself: ten processes migrating one empty database at the same time,
 a second migration being a no-op, installation into a named schema, and the
@@ -19,6 +21,7 @@ import multiprocessing
 import re
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, LiteralString, NamedTuple
 
@@ -27,6 +30,7 @@ import pytest
 from psycopg import errors, sql
 
 import cyclone
+from cyclone.migrate import available_migrations
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -318,6 +322,49 @@ STORAGE_PARAMETERS = {
 }
 
 # ---------------------------------------------------------------------------------------
+# What the later migrations add (docs/migrations.md)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Addition:
+    """What one migration after the first adds: columns of existing tables by
+    (table, column), and indexes by name."""
+
+    columns: dict[tuple[str, str], Col] = field(default_factory=dict)
+    indexes: dict[str, Index] = field(default_factory=dict)
+
+    def names(self) -> set[str]:
+        """The names docs/migrations.md lists: ``table.column`` and index names."""
+        return {f"{t}.{c}" for t, c in self.columns} | set(self.indexes)
+
+
+ADDITIONS: dict[int, Addition] = {
+    2: Addition(columns={("cyclone_steps", "fan_out_max_items"): Col(INTEGER, NULLABLE)}),
+}
+
+VERSIONS = [1, *ADDITIONS]
+"""Every version: 1 (the reference schema), then each migration of ADDITIONS."""
+
+
+def schema_tables() -> dict[str, dict[str, Col]]:
+    """:data:`TABLES` with the columns of every addition."""
+    tables = {table: dict(columns) for table, columns in TABLES.items()}
+    for addition in ADDITIONS.values():
+        for (table, column), col in addition.columns.items():
+            tables[table][column] = col
+    return tables
+
+
+def schema_indexes() -> dict[str, Index]:
+    """:data:`INDEXES` with the indexes of every addition."""
+    indexes = dict(INDEXES)
+    for addition in ADDITIONS.values():
+        indexes.update(addition.indexes)
+    return indexes
+
+
+# ---------------------------------------------------------------------------------------
 # Reading the catalog
 # ---------------------------------------------------------------------------------------
 
@@ -336,13 +383,14 @@ def _relations(conn: Conn, schema: str, kind: str) -> set[str]:
 
 
 def column_problems(conn: Conn, schema: str) -> list[str]:
-    """Differences from :data:`TABLES` and :data:`IDENTITY`: tables, columns, types, nulls,
-    defaults."""
+    """Differences from :data:`TABLES` with the columns of :data:`ADDITIONS`, and from
+    :data:`IDENTITY`: tables, columns, types, nulls, defaults."""
     problems = []
+    wanted = schema_tables()
     tables = _relations(conn, schema, "r")
-    if tables != set(TABLES):
+    if tables != set(wanted):
         problems.append(
-            f"tables: missing {sorted(set(TABLES) - tables)}, extra {sorted(tables - set(TABLES))}"
+            f"tables: missing {sorted(set(wanted) - tables)}, extra {sorted(tables - set(wanted))}"
         )
     rows = conn.execute(
         """
@@ -359,7 +407,7 @@ def column_problems(conn: Conn, schema: str) -> list[str]:
     found: dict[str, dict[str, tuple[str, bool, str | None, str]]] = {}
     for table, column, type_, not_null, default, identity in rows:
         found.setdefault(table, {})[column] = (type_, not_null, default, identity)
-    for table, columns in TABLES.items():
+    for table, columns in wanted.items():
         have = found.get(table, {})
         if table in tables and set(have) != set(columns):
             missing, extra = sorted(set(columns) - set(have)), sorted(set(have) - set(columns))
@@ -446,7 +494,8 @@ def key_problems(conn: Conn, schema: str) -> list[str]:
 
 
 def index_problems(conn: Conn, schema: str) -> list[str]:
-    """Differences from :data:`INDEXES`; every index that backs no key must be documented."""
+    """Differences from :data:`INDEXES` with those of :data:`ADDITIONS`; every index that
+    backs no key must be documented."""
     rows = conn.execute(
         """
         SELECT i.relname, t.relname, x.indisunique, pg_get_expr(x.indpred, x.indrelid),
@@ -466,11 +515,12 @@ def index_problems(conn: Conn, schema: str) -> list[str]:
         (schema,),
     ).fetchall()
     problems = []
+    wanted = schema_indexes()
     found = {name: row for name, *row in rows}
     undocumented = {name for name, (*_, backs_key) in found.items() if not backs_key}
-    for name in sorted(undocumented - set(INDEXES)):
+    for name in sorted(undocumented - set(wanted)):
         problems.append(f"undocumented index {name}")
-    for name, want in INDEXES.items():
+    for name, want in wanted.items():
         if name not in found:
             problems.append(f"missing index {name}")
             continue
@@ -543,7 +593,8 @@ def queue_check_problems(conn: Conn, schema: str) -> list[str]:
 
 
 def reference_problems(conn: Conn, schema: str = "public") -> list[str]:
-    """Every difference between ``schema`` and the reference schema."""
+    """Every difference between ``schema`` and the reference schema plus
+    :data:`ADDITIONS`."""
     return [
         *column_problems(conn, schema),
         *key_problems(conn, schema),
@@ -663,13 +714,45 @@ def test_hot_tables_have_the_storage_parameters(db: Conn) -> None:
     assert storage_problems(db, "public") == []
 
 
-def test_schema_version_records_version_1(db: Conn) -> None:
+def test_schema_version_records_every_version(db: Conn) -> None:
     """cyclone_schema_version(version integer primary key, applied_at timestamptz not null
-    default now()) holds version 1, applied in the past."""
+    default now()) holds versions 1 and 2, applied in the past."""
     rows = db.execute(
         "SELECT version, applied_at <= now() FROM cyclone_schema_version ORDER BY version"
     ).fetchall()
-    assert rows == [(1, True)]
+    assert rows == [(1, True), (2, True)]
+
+
+def documented_additions() -> dict[int, set[str]]:
+    """docs/migrations.md, its table of migrations: version -> the column
+    (``table.column``) and index names its "adds" cell names in backticks."""
+    text = (ROOT / "docs" / "migrations.md").read_text("utf-8")
+    found: dict[int, set[str]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].isdigit():
+            continue
+        names = re.findall(r"`([^`]+)`", cells[2])
+        found[int(cells[0])] = {n for n in names if re.fullmatch(r"cyclone_\w+\.\w+|idx_\w+", n)}
+    return found
+
+
+def test_every_migration_and_addition_is_listed_in_the_docs() -> None:
+    """The migrations shipped are version 1 and those of ADDITIONS; docs/migrations.md
+    lists each, version 1 adding no object beyond the reference and each later one
+    exactly the objects of its ADDITIONS entry, nothing more or less."""
+    assert [m.version for m in available_migrations()] == VERSIONS
+    assert documented_additions() == {
+        1: set(),
+        **{version: addition.names() for version, addition in ADDITIONS.items()},
+    }
+
+
+def test_additions_leave_the_reference_objects_alone() -> None:
+    """No addition redefines a reference column or index: they are new objects."""
+    for addition in ADDITIONS.values():
+        assert {key for key in addition.columns if key[1] in TABLES[key[0]]} == set()
+        assert set(addition.indexes) & set(INDEXES) == set()
 
 
 @pytest.mark.parametrize("table", ["cyclone_steps", "cyclone_schedules"])
@@ -798,7 +881,7 @@ def _migrate_together(dsn: str, start: Any, results: Any, index: int) -> None:
 
 def test_ten_processes_migrate_an_empty_database_at_once(empty_dsn: str) -> None:
     """Ten processes released together by a barrier all succeed; exactly one applies
-    version 1, the others find nothing to do, and the schema is complete."""
+    every version, the others find nothing to do, and the schema is complete."""
     workers = 10
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(workers)
@@ -821,16 +904,16 @@ def test_ten_processes_migrate_an_empty_database_at_once(empty_dsn: str) -> None
     results.join_thread()
 
     assert exit_codes == [0] * workers, outcomes
-    assert sorted(outcomes.values()) == [[]] * (workers - 1) + [[1]], outcomes
+    assert sorted(outcomes.values()) == [[]] * (workers - 1) + [VERSIONS], outcomes
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert versions(conn) == [1]
+        assert versions(conn) == VERSIONS
         assert reference_problems(conn) == []
 
 
 def test_second_migrate_is_a_noop(empty_dsn: str) -> None:
     """The second call returns [] and changes no catalog object; rows survive. The async
     entry point agrees."""
-    assert cyclone.migrate(empty_dsn) == [1]
+    assert cyclone.migrate(empty_dsn) == VERSIONS
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         run_id = new_run(conn)
         conn.execute(
@@ -851,17 +934,17 @@ def test_second_migrate_is_a_noop(empty_dsn: str) -> None:
 def test_migrate_into_a_named_schema(empty_dsn: str) -> None:
     """schema="cyc" puts the complete schema in cyc and nothing in public; a second call
     is a no-op."""
-    assert cyclone.migrate(empty_dsn, schema="cyc") == [1]
+    assert cyclone.migrate(empty_dsn, schema="cyc") == VERSIONS
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _relations(conn, "cyc", "r") == set(TABLES)
         assert _relations(conn, "public", "r") | _relations(conn, "public", "v") == set()
-        assert versions(conn, "cyc") == [1]
+        assert versions(conn, "cyc") == VERSIONS
         assert reference_problems(conn, "cyc") == []
         before = catalog_snapshot(conn, "cyc")
 
         assert cyclone.migrate(empty_dsn, schema="cyc") == []
         assert catalog_snapshot(conn, "cyc") == before
-        assert versions(conn, "cyc") == [1]
+        assert versions(conn, "cyc") == VERSIONS
 
 
 def test_bad_schema_name_is_rejected_and_creates_nothing(empty_dsn: str) -> None:
@@ -900,16 +983,18 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
-    """`cyclone migrate --dsn` applies migration 1, then says the schema is up to date."""
+    """`cyclone migrate --dsn` applies every migration, then says the schema is up to
+    date."""
     first = run_cli("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
-    assert re.search(r"applied migrations? 1\b", first.stdout, re.IGNORECASE), first.stdout
+    applied = ", ".join(str(v) for v in VERSIONS)
+    assert re.search(rf"applied migrations? {applied}\b", first.stdout, re.IGNORECASE), first.stdout
 
     second = run_cli("migrate", "--dsn", empty_dsn)
     assert second.returncode == 0, second.stderr
     assert "up to date" in second.stdout.lower(), second.stdout
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert versions(conn) == [1]
+        assert versions(conn) == VERSIONS
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState, StepState
-from tests.helpers import scalar
+from tests.helpers import apoll_until, scalar
 
 
 @cyclone.step("fo_list")
@@ -295,3 +295,81 @@ async def test_an_item_discarded_during_a_pause_discards_the_fan_out(
     assert run.error == "item each[1] discarded: Discard: one is bad"
     assert steps["each"].state == StepState.DISCARDED
     assert steps["each"].error_kind == "item_discarded"
+
+
+def capped(max_items: int) -> cyclone.Workflow:
+    wf = cyclone.Workflow(f"capped_{max_items}")
+    source = wf.node("source", make_list)
+    items = wf.fan_out("sq", square, over=source, max_parallel=2, max_items=max_items)
+    wf.result(wf.node("sum", total, input_from=items))
+    return wf
+
+
+async def test_max_items_over_the_cap_discards_the_node_with_no_items(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    wf = capped(5)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(6)))
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.FAILED
+    assert steps["sq"].state == StepState.DISCARDED
+    assert steps["sq"].error_kind == "fan_out_too_large"
+    assert steps["sq"].error == "fan-out 'sq' got a list of 6 items, over its max_items of 5"
+    assert steps["sum"].state == StepState.CANCELLED
+    assert sorted(steps) == ["source", "sq", "sum"]  # no item task was inserted
+    stored = db.execute(
+        "SELECT node, fan_out_max_items FROM cyclone_steps WHERE run_id = %s ORDER BY node",
+        (sub.run_id,),
+    ).fetchall()
+    assert stored == [("source", None), ("sq", 5), ("sum", None)]
+
+
+async def test_max_items_at_the_cap_runs_every_item(dsn: str) -> None:
+    wf = capped(5)
+    async with client(dsn, wf) as c:
+        sub = await c.submit(wf, list(range(5)))
+        run = await c.wait(sub, timeout=30)
+        steps = {s.node: s for s in await c.list_steps(sub)}
+    assert run.state == RunState.COMPLETED and run.result == sum(v * v for v in range(5))
+    assert steps["sq"].output == [v * v for v in range(5)]
+    assert [n for n in steps if n.startswith("sq[")] == [f"sq[{i}]" for i in range(5)]
+
+
+@pytest.mark.parametrize("bad", [-1, "5", 2.0, True, None, 2**31])
+def test_bad_max_items_is_refused_and_declares_nothing(bad: Any) -> None:
+    wf = cyclone.Workflow("bad_max_items")
+    src = wf.node("src", make_list)
+    with pytest.raises(cyclone.WorkflowError, match="max_items") as caught:
+        wf.fan_out("f", square, over=src, max_items=bad)
+    assert repr(bad) in str(caught.value)
+    assert sorted(wf.nodes) == ["src"]
+
+
+async def test_an_item_kick_runs_the_fan_out_part_only(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Item completions kick the scanner's fan-out part: the fan-out runs to its end
+    on those kicks alone (no interval pass comes within the hour), and a due timer
+    waits for the next full pass, which a full kick runs."""
+    wf = squares(2)
+    timer = cyclone.Workflow("due_timer")
+    timer.result(timer.sleep("nap", 0.001))
+    async with client(dsn, wf, timer, poll_interval=3600) as c:
+        scanner = c.wait_scanner
+        assert scanner is not None
+
+        async def first_pass() -> bool:
+            return scanner.passes >= 1
+
+        await apoll_until(first_pass, what="the scanner's first (full) pass")
+        napping = await c.submit(timer, None)
+        run = await c.wait(await c.submit(wf, list(range(6))), timeout=30)
+        assert run.state == RunState.COMPLETED and run.result == sum(v * v for v in range(6))
+        assert scanner.passes > 2  # the fan-out's passes
+        nap = scalar(db, "SELECT state FROM cyclone_steps WHERE run_id = %s", (napping.run_id,))
+        assert nap == "waiting_timer"
+        scanner.kick()
+        done = await c.wait(napping, timeout=30)
+    assert done.state == RunState.COMPLETED

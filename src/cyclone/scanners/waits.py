@@ -14,20 +14,28 @@ on every step it changes:
 * runs past ``deadline_at`` (idx_runs_deadline) fail, their active steps cancelled;
 * reached fan-out nodes (idx_steps_fan_out): pending items are released up to
   ``max_parallel``; a node whose items all completed completes with their outputs in
-  item order (or is discarded when over ``max_bytes``, or when its input is not a list);
+  item order (or is discarded when over ``max_bytes``); a node without items is
+  discarded when its input is not a list or is longer than ``max_items``, and completes
+  with ``[]`` for an empty list. A pass costs per node a bounded number of index
+  entries (up to ``max_parallel`` active items), whatever the node's item count;
 * reached child nodes (``waiting_child``) start their child run (a client that knows the
   parent's definition does it, in the transaction that holds the parent run's lock,
   so one child run per node); a child node whose child run finished completes with
   the child's result, or is discarded when the child failed or was cancelled.
 
-The scanner runs every ``interval`` seconds, and at once when kicked (a worker saw a
-signal wait reached).
+The scanner runs every ``interval`` seconds, and at once when kicked (a worker reached a
+signal wait, a child node or a fan-out node). A kick for an item task that finished
+runs only the fan-out part (releases and completions), so that a fan-out's thousands
+of item completions do not each cost a pass over timers, signals, deadlines and
+children; those still run every ``interval``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +76,42 @@ class ScanResult:
     children: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _FanOut:
+    """One row of ``steps_fan_outs_state``: a reached fan-out node of a locked run.
+
+    ``over_type`` and ``over_length`` (the upstream output's JSON type and list length)
+    are read only for a node without items (``expanded`` false), else ``None``;
+    ``active`` counts its available and running items up to ``parallel``.
+    """
+
+    id: int
+    run_id: int
+    node: str
+    parallel: int
+    max_bytes: int | None
+    max_items: int | None
+    expanded: bool
+    over_type: str | None
+    over_length: int | None
+    active: int
+    unfinished: bool
+
+    def refusal(self) -> tuple[str, str] | None:
+        """Why a node without items is discarded, as (error_kind, error); ``None`` when
+        its list is fine (empty, or not expanded yet)."""
+        if self.over_type != "array":
+            return "fan_out_input", (
+                f"fan-out {self.node!r} needs a list from its upstream node, got {self.over_type}"
+            )
+        if self.max_items and (self.over_length or 0) > self.max_items:
+            return "fan_out_too_large", (
+                f"fan-out {self.node!r} got a list of {self.over_length} items, "
+                f"over its max_items of {self.max_items}"
+            )
+        return None
+
+
 class WaitScanner(Periodic):
     """Completes timers and satisfied signal waits, times out waits, enforces deadlines."""
 
@@ -82,16 +126,53 @@ class WaitScanner(Periodic):
         batch: int = 200,
     ) -> None:
         super().__init__(interval, name="wait scan", jitter=False)
+        self._full_due = True  # the first pass is a full one
+        self._last_full = -math.inf
         self._definitions = definitions or {}
         self._pool = pool
         self._publisher = publisher
         self._wake = wake
         self._batch = batch
 
+    def kick(self) -> None:
+        """Run a full pass (:meth:`scan_once`) now."""
+        self._full_due = True
+        super().kick()
+
+    def kick_fan_outs(self) -> None:
+        """Run a fan-out pass (:meth:`scan_fan_outs`) now, unless a full pass is due.
+
+        An item task finishing asks for this: it may let the scanner release the next
+        items or complete the node, and nothing else (no timer, signal, deadline or
+        child run changes with it), so the other parts keep to their ``interval``.
+        """
+        super().kick()
+
+    def kick_for(self, marks: Set[str]) -> None:
+        """Kick for the ``marks`` an advance reported (``MARKS``): a fan-out pass when
+        the only one is :data:`FAN_OUT_MARK`, a full pass for any other."""
+        if not marks:
+            return
+        if marks <= {FAN_OUT_MARK}:
+            self.kick_fan_outs()
+        else:
+            self.kick()
+
     async def pass_once(self) -> bool:
-        """One :meth:`scan_once`."""
-        await self.scan_once()
+        """A full :meth:`scan_once` when kicked for one or ``interval`` seconds after the
+        last; else (kicked by :meth:`kick_fan_outs` only) :meth:`scan_fan_outs`."""
+        now = asyncio.get_running_loop().time()
+        if self._full_due or now - self._last_full >= self.interval:
+            self._full_due = False
+            self._last_full = now
+            await self.scan_once()
+        else:
+            await self.scan_fan_outs()
         return False
+
+    async def scan_fan_outs(self) -> ScanResult:
+        """Only the fan-out part of a pass; returns what it changed."""
+        return ScanResult(fan_outs=await self._fan_outs())
 
     async def scan_once(self) -> ScanResult:
         """One pass of each kind of work; returns what it changed."""
@@ -110,8 +191,8 @@ class WaitScanner(Periodic):
     ) -> None:
         queues = set(woken)
         if queues & MARKS:
+            self.kick_for(queues & MARKS)
             queues -= MARKS
-            self.kick()
         if queues:
             self._wake(queues)
         if finished:
@@ -164,6 +245,13 @@ class WaitScanner(Periodic):
         return len(failed)
 
     async def _fan_outs(self) -> int:
+        """Release, complete or discard the reached fan-out nodes of locked runs.
+
+        A pass reads per node a bounded number of index entries (steps_fan_outs_state:
+        the active items up to max_parallel, whether any item is unfinished) and
+        releases with a LIMIT, so its cost does not grow with the node's item count;
+        the upstream list is read only for a node without items.
+        """
         changed = 0
         finished: set[int] = set()
         woken: set[str] = set()
@@ -174,73 +262,78 @@ class WaitScanner(Periodic):
             states = await fetch_async(
                 conn, Stmt(Q.steps_fan_outs_state, {"run_ids": [row[0] for row in runs]})
             )
-            for (
-                step_id,
-                run_id,
-                node,
-                parallel,
-                max_bytes,
-                over_type,
-                active,
-                waiting,
-                left,
-            ) in states:
-                if over_type != "array":
-                    error = f"fan-out {node!r} needs a list from its upstream node, got {over_type}"
-                    changed += await self._discard(
-                        conn,
-                        Stmt(
-                            Q.steps_discard_fan_out,
-                            {"id": step_id, "error": error, "error_kind": "fan_out_input"},
-                        ),
-                        step_id=step_id,
-                        run_id=run_id,
-                        finished=finished,
-                    )
-                    continue
-                room = waiting if parallel == 0 else min(waiting, parallel - active)
-                if room > 0:
-                    rows = await fetch_async(
-                        conn,
-                        Stmt(
-                            Q.steps_release_items, {"run_id": run_id, "node": node, "count": room}
-                        ),
-                    )
-                    woken.update(row[0] for row in rows)
-                    changed += 1
-                if left:
-                    continue
-                output = "null"
-                if max_bytes is not None:
-                    ((output,),) = await fetch_async(
-                        conn, Stmt(Q.steps_fan_out_collect, {"run_id": run_id, "node": node})
-                    )
-                    size = len(output.encode())
-                    if max_bytes and size > max_bytes:
-                        error = (
-                            f"fan-out {node!r} collected {size} bytes of output, "
-                            f"over its max_bytes of {max_bytes}"
-                        )
+            for row in states:
+                node = _FanOut(*row)
+                if not node.expanded:
+                    refused = node.refusal()
+                    if refused is not None:
+                        error_kind, error = refused
                         changed += await self._discard(
                             conn,
                             Stmt(
                                 Q.steps_discard_fan_out,
-                                {"id": step_id, "error": error, "error_kind": "fan_out_too_large"},
+                                {"id": node.id, "error": error, "error_kind": error_kind},
                             ),
-                            step_id=step_id,
-                            run_id=run_id,
+                            step_id=node.id,
+                            run_id=node.run_id,
                             finished=finished,
                         )
                         continue
-                item = f'[[{step_id},null,null,{output},"pending"]]'
-                done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
-                expanded = await fetch_async(conn, expand_stmt([run_id]))
-                completed, ended, more = parse_completed([[], done, expanded])
-                finished |= ended
-                woken |= more
-                changed += len(completed)
+                    if node.over_length:
+                        # Not expanded yet: every completion that reaches a fan-out node
+                        # expands it in its own transaction, so this is not seen.
+                        continue
+                else:
+                    room = None if node.parallel == 0 else node.parallel - node.active
+                    if room is None or room > 0:
+                        rows = await fetch_async(
+                            conn,
+                            Stmt(
+                                Q.steps_release_items,
+                                {"run_id": node.run_id, "node": node.node, "count": room},
+                            ),
+                        )
+                        woken.update(r[0] for r in rows)
+                        changed += 1 if rows else 0
+                    if node.unfinished:
+                        continue
+                changed += await self._complete_fan_out(conn, node, finished, woken)
         self._announce(finished, woken)
         return changed
+
+    async def _complete_fan_out(
+        self, conn: Any, node: _FanOut, finished: set[int], woken: set[str]
+    ) -> int:
+        """Complete a fan-out node whose items all completed (or that has none, for an
+        empty list) with their outputs, or discard it when they are over max_bytes."""
+        output = "null"
+        if node.max_bytes is not None:
+            ((output,),) = await fetch_async(
+                conn, Stmt(Q.steps_fan_out_collect, {"run_id": node.run_id, "node": node.node})
+            )
+            size = len(output.encode())
+            if node.max_bytes and size > node.max_bytes:
+                error = (
+                    f"fan-out {node.node!r} collected {size} bytes of output, "
+                    f"over its max_bytes of {node.max_bytes}"
+                )
+                return await self._discard(
+                    conn,
+                    Stmt(
+                        Q.steps_discard_fan_out,
+                        {"id": node.id, "error": error, "error_kind": "fan_out_too_large"},
+                    ),
+                    step_id=node.id,
+                    run_id=node.run_id,
+                    finished=finished,
+                )
+        item = f'[[{node.id},null,null,{output},"pending"]]'
+        done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
+        expanded = await fetch_async(conn, expand_stmt([node.run_id]))
+        completed, ended, more = parse_completed([[], done, expanded])
+        finished |= ended
+        woken |= more
+        return len(completed)
 
     async def _discard(
         self, conn: Any, discard: Stmt, *, step_id: int, run_id: int, finished: set[int]

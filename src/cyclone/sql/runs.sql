@@ -165,13 +165,14 @@ WITH run AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
         timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
-        fan_out_parallel, fan_out_max_bytes, child_workflow, child_needs_result, scheduled_at)
+        fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
+        child_needs_result, scheduled_at)
     SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
            n.max_attempts, n.timeout_us * interval '1 microsecond',
            n.retention_us * interval '1 microsecond', n.on_dep_failure,
            n.wait_for_us * interval '1 microsecond', n.signal_name, n.signal_names,
-           n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes, n.child_workflow,
-           n.child_needs_result,
+           n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes, n.fan_out_max_items,
+           n.child_workflow, n.child_needs_result,
            CASE WHEN n.state IN ('waiting_timer', 'waiting_signal')
                 THEN now() + coalesce(n.wait_for_us, 0) * interval '1 microsecond'
                 ELSE now() END
@@ -181,11 +182,12 @@ WITH run AS (
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
              on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
              wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint,
-             child_workflow text, child_needs_result boolean))
+             fan_out_max_items integer, child_workflow text, child_needs_result boolean))
              WITH ORDINALITY AS n (
              node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
              retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
-             fan_out_parallel, fan_out_max_bytes, child_workflow, child_needs_result, ord)
+             fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
+             child_needs_result, ord)
     ORDER BY n.ord
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)

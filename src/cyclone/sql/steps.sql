@@ -256,7 +256,8 @@ LEFT JOIN finished ON finished.id = done.run_id;
 
 -- name: steps_complete_dag
 -- Complete held steps of workflow runs, each row guarded by its own CAS; advance their
--- runs; finish every run left with no active step. Same place and parameter shape as
+-- runs; finish every run left with no active step (an item task's completion never
+-- finishes one: its fan-out node is still active). Same place and parameter shape as
 -- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
 -- the wait scanner or a signal: the waiting state its CAS expects (owner and
 -- generation are null then). A wait node that is reached enters its waiting state
@@ -328,7 +329,11 @@ WITH v AS (
     SET state = 'completed',
         finished_at = statement_timestamp(),
         updated_at = statement_timestamp()
-    WHERE r.id IN (SELECT run_id FROM done)
+    -- An item task's completion never finishes its run: its fan-out node stays pending
+    -- (or paused) until the fan-out scanner completes it after the last item, and that
+    -- completion checks. Skipping the check keeps an item's completion from searching
+    -- the run's steps, which a large fan-out makes as many as its items.
+    WHERE r.id IN (SELECT run_id FROM done WHERE item_of IS NULL)
       AND r.state IN ('running', 'paused')
       AND NOT EXISTS (
           SELECT 1
@@ -353,15 +358,25 @@ LEFT JOIN finished ON finished.id = done.run_id;
 -- (cyclone_runs.has_fan_out, read under the run row lock): each fan-out node now reached
 -- (pending, every dependency completed) that has no item tasks yet gets one per element
 -- of its upstream list, the first fan_out_parallel of them runnable (0: all; paused in a
--- paused run). Idempotent: an expanded node has its items (an empty list has none and
--- inserts none again). Rows come back per reached node, for the fan-out scanner.
+-- paused run). A list longer than fan_out_max_items (when over 0) gets no items: the
+-- fan-out scanner discards that node ('fan_out_too_large'). Idempotent: an expanded node
+-- has its items (an empty list, or one over the cap, has none and inserts none again).
+-- Rows come back per reached node, for the fan-out scanner.
+-- It runs at every item completion, so it reads nothing in proportion to the items:
+-- the fan-out nodes are found through their input edge (cyclone_deps, dep_node =
+-- input_from: the graph's edges, which items have none of), and "no items yet" is the
+-- absence of item 0 (the unique (run_id, node); item tasks are inserted all at once
+-- and never deleted one by one).
 WITH reached AS (
     SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
-           f.retention, f.fan_out_parallel, r.state AS run_state, src.output AS over
-    FROM cyclone_steps f
+           f.retention, f.fan_out_parallel, f.fan_out_max_items, r.state AS run_state,
+           src.output AS over
+    FROM cyclone_deps e
+    JOIN cyclone_steps f ON f.run_id = e.run_id AND f.node = e.node
     JOIN cyclone_runs r ON r.id = f.run_id
     JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
-    WHERE f.run_id = ANY(%(fan_out_runs)s::bigint[])
+    WHERE e.run_id = ANY(%(fan_out_runs)s::bigint[])
+      AND e.dep_node = f.input_from
       AND f.fan_out_parallel IS NOT NULL
       AND f.state IN ('pending', 'paused')
       AND src.state = 'completed'
@@ -371,7 +386,7 @@ WITH reached AS (
           JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
           WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
       AND NOT EXISTS (
-          SELECT 1 FROM cyclone_steps i WHERE i.run_id = f.run_id AND i.item_of = f.node)
+          SELECT 1 FROM cyclone_steps i WHERE i.run_id = f.run_id AND i.node = f.node || '[0]')
 ), expanded AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
@@ -383,8 +398,11 @@ WITH reached AS (
            e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
            (e.ord - 1)::integer
     FROM reached f,
-         jsonb_array_elements(CASE WHEN jsonb_typeof(f.over) = 'array' THEN f.over
-                                   ELSE '[]'::jsonb END) WITH ORDINALITY AS e (value, ord)
+         jsonb_array_elements(
+             CASE WHEN jsonb_typeof(f.over) <> 'array' THEN '[]'::jsonb
+                  WHEN coalesce(f.fan_out_max_items, 0) > 0
+                       AND jsonb_array_length(f.over) > f.fan_out_max_items THEN '[]'::jsonb
+                  ELSE f.over END) WITH ORDINALITY AS e (value, ord)
     RETURNING queue, state
 )
 SELECT NULL::bigint AS id, NULL::bigint AS run_id, false AS run_finished,
@@ -643,20 +661,51 @@ FOR UPDATE SKIP LOCKED;
 
 
 -- name: steps_fan_outs_state
--- The reached fan-out nodes of locked runs, with their items counted by state
--- (idx_steps_items) and the kind of their upstream output.
+-- The reached fan-out nodes of locked runs, read at a cost bounded by max_parallel, not
+-- by the node's item count. Every probe of the items is an equality or range on the
+-- leading columns of idx_steps_items (run_id, item_of, state, item_index) with an ORDER
+-- BY that the index answers, so that it reads only the entries it returns and no plan
+-- that scans the items (a sequential scan hoping to meet a match soon) is cheaper:
+-- "expanded": the node has items (its item 0, by the unique (run_id, node), as item
+-- tasks are inserted all at once and never deleted one by one); "active": its
+-- available and running items, counted up to fan_out_parallel (not when it is 0, which
+-- needs no room); "unfinished": an item not completed exists, found as the first entry
+-- after or before the state 'completed' in the index, never visiting the completed
+-- ones. The upstream output (a list that may be large, stored out of line) is read only
+-- for a node without items: its JSON type and length, to judge a list that is not a
+-- list, longer than fan_out_max_items, or empty. An expanded node never reads it again.
 SELECT f.id, f.run_id, f.node, f.fan_out_parallel, f.fan_out_max_bytes,
-       jsonb_typeof(src.output) AS over_type,
-       (SELECT count(*) FROM cyclone_steps i
-        WHERE i.run_id = f.run_id AND i.item_of = f.node
-          AND i.state IN ('available', 'running')) AS active,
-       (SELECT count(*) FROM cyclone_steps i
-        WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state = 'pending') AS waiting,
-       (SELECT count(*) FROM cyclone_steps i
-        WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state <> 'completed')
-           AS unfinished
+       f.fan_out_max_items, i0.id IS NOT NULL AS expanded,
+       CASE WHEN i0.id IS NULL THEN jsonb_typeof(src.output) END AS over_type,
+       CASE WHEN i0.id IS NULL AND jsonb_typeof(src.output) = 'array'
+            THEN jsonb_array_length(src.output) END AS over_length,
+       CASE WHEN i0.id IS NOT NULL AND f.fan_out_parallel > 0 THEN
+                (SELECT count(*) FROM (
+                     SELECT 1 FROM cyclone_steps i
+                     WHERE i.run_id = f.run_id AND i.item_of = f.node
+                       AND i.state = 'available'
+                     ORDER BY i.item_index
+                     LIMIT f.fan_out_parallel) AS a)
+                + (SELECT count(*) FROM (
+                     SELECT 1 FROM cyclone_steps i
+                     WHERE i.run_id = f.run_id AND i.item_of = f.node
+                       AND i.state = 'running'
+                     ORDER BY i.item_index
+                     LIMIT f.fan_out_parallel) AS r)
+            ELSE 0 END AS active,
+       i0.id IS NOT NULL
+           AND ((SELECT i.state FROM cyclone_steps i
+                 WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state > 'completed'
+                 ORDER BY i.state, i.item_index
+                 LIMIT 1) IS NOT NULL
+                OR (SELECT i.state FROM cyclone_steps i
+                    WHERE i.run_id = f.run_id AND i.item_of = f.node
+                      AND i.state < 'completed'
+                    ORDER BY i.state, i.item_index
+                    LIMIT 1) IS NOT NULL) AS unfinished
 FROM cyclone_steps f
 JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
+LEFT JOIN cyclone_steps i0 ON i0.run_id = f.run_id AND i0.node = f.node || '[0]'
 WHERE f.run_id = ANY(%(run_ids)s::bigint[])
   AND f.fan_out_parallel IS NOT NULL
   AND f.state = 'pending'
@@ -669,7 +718,9 @@ WHERE f.run_id = ANY(%(run_ids)s::bigint[])
 
 
 -- name: steps_release_items
--- Release up to %(count)s pending items of a fan-out node, in item order.
+-- Release up to %(count)s pending items of a fan-out node, in item order (NULL: all of
+-- them). It reads only the entries it releases (idx_steps_items, in item_index order
+-- under the equality on run_id, item_of and state), never counting the others.
 UPDATE cyclone_steps s
 SET state = 'available'
 WHERE s.id IN (
@@ -691,8 +742,9 @@ WHERE i.run_id = %(run_id)s
 
 
 -- name: steps_discard_fan_out
--- A fan-out node that cannot complete (its input is not a list, or its collected output
--- is over max_bytes) is discarded (CAS on pending); runs_resolve_discard follows.
+-- A fan-out node that cannot complete (its input is not a list, is longer than
+-- max_items, or its collected output is over max_bytes) is discarded (CAS on pending);
+-- runs_resolve_discard follows.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
