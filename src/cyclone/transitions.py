@@ -7,6 +7,7 @@ run rows first (``runs_lock``), so every writer takes locks in one order.
 
 from __future__ import annotations
 
+import heapq
 import json
 import traceback
 from collections.abc import Iterable, Sequence
@@ -425,13 +426,20 @@ def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[
 def retry_plan(
     run_id: int, node: str | None, deadline: float | None
 ) -> Plan[tuple[int, set[str], list[int]]]:
-    """Operator retry in the current transaction, child runs included: a reset child
-    node reopens its existing child run (decisions.md, Operator retry).
+    """Operator retry in the current transaction, the whole run tree included: a reset
+    child node reopens its existing child run, retried the same way, so its own reset
+    child nodes reopen theirs, down to the last level (decisions.md, Operator retry). A
+    grandchild left failed or cancelled would make its parent node fail again at once.
 
-    Returns the steps reset, the queues to wake, and every run reopened.
+    Runs are locked and retried in ascending id order (a min-heap: a child run's id is
+    larger than its parent's), the order of every other writer (runs_lock).
+
+    Returns the steps reset, the queues to wake (of every run reopened), and every run
+    reopened, in the order they were retried.
 
     Raises:
-        NotFoundError, ValidationError, StateError: see :func:`retry_outcome`.
+        NotFoundError, ValidationError, StateError: see :func:`retry_outcome` (only for
+            ``run_id``; a child run with nothing to retry is left alone).
     """
     yield Stmt(Q.runs_read_committed)
     results: list[Rows] = []
@@ -440,11 +448,21 @@ def retry_plan(
     row = results[-1][0]
     reset, woken = retry_outcome(run_id, node, row)
     runs = [run_id]
-    for child in row[5] or ():
+    below = list(row[5] or ())
+    heapq.heapify(below)
+    seen = {run_id}
+    while below:
+        child = heapq.heappop(below)
+        if child in seen:
+            continue
+        seen.add(child)
         for stmt in retry_stmts(child, None, None):
             child_rows = yield stmt
-        if child_rows and child_rows[0][0]:  # a child with nothing to retry is left alone
-            reset += int(child_rows[0][0])
-            woken |= set(child_rows[0][1] or ())
-            runs.append(child)
+        if not child_rows or not child_rows[0][0]:
+            continue  # a child with nothing to retry (completed, paused) is left alone
+        reset += int(child_rows[0][0])
+        woken |= set(child_rows[0][1] or ())
+        runs.append(child)
+        for grandchild in child_rows[0][5] or ():
+            heapq.heappush(below, grandchild)
     return reset, woken, runs

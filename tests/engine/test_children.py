@@ -174,3 +174,53 @@ async def test_a_parent_that_fails_cancels_its_running_child(
 
 async def _child_state(db: psycopg.Connection[Any], run_id: int, state: str) -> bool:
     return scalar(db, "SELECT state FROM cyclone_runs WHERE parent_run_id = %s", (run_id,)) == state
+
+
+DEEP_FIXED = [False]
+
+
+@cyclone.step("ch_deep_flaky", max_attempts=1)
+async def deep_flaky(ctx: cyclone.Context, inp: Any) -> str:
+    if not DEEP_FIXED[0]:
+        raise cyclone.Discard("the grandchild gives up")
+    return "deep"
+
+
+def _tree_states(db: psycopg.Connection[Any], top: int) -> list[tuple[int, str]]:
+    """(depth, state) of the run ``top`` and every run below it."""
+    rows = db.execute(
+        "WITH RECURSIVE t (id, depth) AS (SELECT %s::bigint, 0 UNION ALL "
+        "SELECT r.id, t.depth + 1 FROM cyclone_runs r JOIN t ON r.parent_run_id = t.id) "
+        "SELECT t.depth, r.state FROM t JOIN cyclone_runs r ON r.id = t.id ORDER BY t.depth",
+        (top,),
+    ).fetchall()
+    return [(depth, state) for depth, state in rows]
+
+
+async def test_retry_of_the_top_run_reopens_the_whole_failed_tree(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Three levels: top -> middle (child node) -> leaf (child node) -> a step that
+    discards. The leaf's failure fails the middle and then the top; once the handler is
+    fixed, a retry of the top run reopens the middle and the leaf (a grandchild left
+    failed would fail its parent node again at once) and the whole tree completes."""
+    DEEP_FIXED[0] = False
+    leaf = cyclone.Workflow("deep_leaf")
+    leaf.result(leaf.node("try", deep_flaky))
+    middle = cyclone.Workflow("deep_middle")
+    middle.result(middle.child("leaf", leaf))
+    top = cyclone.Workflow("deep_top")
+    top.result(top.child("middle", middle))
+    async with cyclone.Client(
+        dsn, workflows=[top], handlers=[deep_flaky], poll_interval=0.05, lease_ttl=5
+    ) as c:
+        sub = await c.submit(top, None)
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        assert _tree_states(db, sub.run_id) == [(0, "failed"), (1, "failed"), (2, "failed")]
+        runs_before = scalar(db, "SELECT count(*) FROM cyclone_runs")
+        DEEP_FIXED[0] = True
+        assert await c.retry(sub) == 3  # the middle node, the leaf node, the leaf's step
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result == "deep"
+    assert _tree_states(db, sub.run_id) == [(0, "completed"), (1, "completed"), (2, "completed")]
+    assert scalar(db, "SELECT count(*) FROM cyclone_runs") == runs_before  # reopened, not new
