@@ -224,3 +224,67 @@ async def test_retry_of_the_top_run_reopens_the_whole_failed_tree(
     assert run.state == RunState.COMPLETED and run.result == "deep"
     assert _tree_states(db, sub.run_id) == [(0, "completed"), (1, "completed"), (2, "completed")]
     assert scalar(db, "SELECT count(*) FROM cyclone_runs") == runs_before  # reopened, not new
+
+
+def _ended_together(db: psycopg.Connection[Any], parent: int) -> tuple[Any, ...] | None:
+    """The child run of ``parent``: (its state, whether it finished in the transaction
+    that ended the parent, its steps' states, whether they were cancelled in it)."""
+    return db.execute(
+        "SELECT c.state, c.finished_at = p.finished_at, "
+        "       array_agg(DISTINCT s.state), bool_and(s.completed_at = p.finished_at) "
+        "FROM cyclone_runs p JOIN cyclone_runs c ON c.parent_run_id = p.id "
+        "JOIN cyclone_steps s ON s.run_id = c.id WHERE p.id = %s GROUP BY c.id, p.id",
+        (parent,),
+    ).fetchone()
+
+
+@pytest.mark.parametrize("how", ["discard", "deadline"])
+async def test_a_parent_that_fails_cancels_its_running_child_in_the_same_transaction(
+    dsn: str, db: psycopg.Connection[Any], how: str
+) -> None:
+    """The parent fails (a worker's discard, or its deadline in the wait scanner) while
+    its child run waits: the child run and its steps are cancelled by the transaction
+    that failed the parent (now() is the transaction's clock: the same timestamps), not
+    later by the orphan scanner."""
+    waiting = cyclone.Workflow(f"waits_{how}")
+    waiting.wait_signal("never")
+    parent = cyclone.Workflow(f"fails_{how}")
+    parent.child("kid", waiting, needs_result=False)
+    parent.node("bad", fail, after=[parent.wait_signal("go")])
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, None, deadline=3600 if how == "deadline" else None)
+        await apoll_until(lambda: _child(db, sub.run_id), what="the child run to start")
+        if how == "discard":
+            assert await c.signal(sub, "go")  # "bad" runs and discards: fail-fast
+        else:
+            db.execute("UPDATE cyclone_runs SET deadline_at = now() WHERE id = %s", (sub.run_id,))
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        assert _ended_together(db, sub.run_id) == ("cancelled", True, ["cancelled"], True)
+
+
+async def test_the_orphan_scanner_cancels_a_child_whose_parent_run_is_gone(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Rows as a database written before parents cancelled their children holds them: a
+    running child run (and its own running child) whose parent run was purged. The
+    parent's node step went with it, so only the parent link is left to find it by."""
+    db.execute(
+        "INSERT INTO cyclone_runs (id, workflow, def_version, parent_run_id, parent_node_id) "
+        "OVERRIDING SYSTEM VALUE VALUES (10, 'kid', 'v1', 9, 'kid'), "
+        "(11, 'grandkid', 'v2', 10, 'inner')"
+    )
+    db.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES "
+        "(10, 'inner', '@child', 'waiting_child'), (11, 'work', 'nobody.runs.this', 'available')"
+    )
+    async with cyclone.Client(dsn, handlers=[double], poll_interval=3600) as c:
+        assert c.wait_scanner is not None
+        await apoll_until(lambda: _scanned(c), what="the first scanner pass")
+        await c.wait_scanner.scan_once()
+    states = db.execute("SELECT id, state FROM cyclone_runs ORDER BY id").fetchall()
+    assert states == [(10, "cancelled"), (11, "cancelled")]
+    assert scalar(db, "SELECT array_agg(DISTINCT state) FROM cyclone_steps") == ["cancelled"]
+
+
+async def _scanned(c: cyclone.Client) -> bool:
+    return c.wait_scanner is not None and c.wait_scanner.passes > 0
