@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -55,6 +57,19 @@ def scalar(conn: psycopg.Connection[Any], query: Any, params: Any = None) -> Any
     """The first column of the first row of ``query``."""
     row = conn.execute(query, params).fetchone()
     return None if row is None else row[0]
+
+
+def set_database_timezone(dsn: str, zone: str) -> str:
+    """Make every new session on ``dsn``'s database run in time zone ``zone`` (as a
+    server whose ``timezone`` initdb took from the machine); ``dsn``."""
+    name = conninfo_to_dict(dsn)["dbname"]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET timezone = {}").format(
+                sql.Identifier(str(name)), sql.Literal(zone)
+            )
+        )
+    return dsn
 
 
 def start_worker(

@@ -407,6 +407,7 @@ class Client:
             build_request=self.config.request,
             build_submit=self.config.submit_request,
             workflows=self.config.workflows,
+            parents=self.config.parents,
         )
         self._ensure_listener()
         for handler in self.config.handlers.values():

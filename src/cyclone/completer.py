@@ -5,7 +5,7 @@ written many per transaction, each row with its own CAS on state, owner and leas
 generation. A batch goes out as soon as the previous one is written (up to two in
 flight), so a lone completion is not delayed and a busy worker folds many into one
 transaction. Runs that end are announced on ``cyclone_run_done`` by a statement after
-the COMMIT of the same message.
+the COMMIT of the same message (child runs the batch cancelled, through the publisher).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ class Completer:
         *,
         batch: int,
         woken: Callable[[set[str]], None],
+        ended: Callable[[set[int]], None],
     ) -> None:
         self._pool = pool
         self._woken = woken
+        self._ended = ended  # announces runs ended beyond the batch's (child runs)
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
         self._ready = asyncio.Event()
@@ -119,6 +121,9 @@ class Completer:
         done, finished, woken = parse_completed(rows)
         if woken:
             self._woken(woken)
+        cancelled = finished - {step.run_id for step, _, _ in batch}
+        if cancelled:  # child runs runs_cancel_children cancelled: not in the announce
+            self._ended(cancelled)
         for step, _, future in batch:
             if not future.done():
                 future.set_result((step.id in done, step.run_id in finished))

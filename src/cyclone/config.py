@@ -126,6 +126,8 @@ class ClientConfig:
         """The queues of every node of the registered workflows."""
         self.definitions: dict[str, CompiledWorkflow] = {}
         """Registered workflows (children included) by def_version."""
+        self.parents: frozenset[str] = frozenset()
+        """The def_versions of :attr:`definitions` that have child nodes."""
         for wf in workflow_list:
             compiled = self.compile(wf)
             self.definitions[compiled.def_version] = compiled
@@ -133,6 +135,7 @@ class ClientConfig:
             versions = self.workflows.setdefault(wf.name, [])
             if compiled.def_version not in versions:
                 versions.append(compiled.def_version)
+        self.parents = frozenset(v for v, d in self.definitions.items() if d.children)
 
     def compile(self, wf: Workflow) -> CompiledWorkflow:
         """``wf`` validated against this client's kinds and laid out as rows (cached

@@ -4,13 +4,14 @@ The statements are the ``monitor_*`` blocks of ``cyclone/sql/monitor.sql``, most
 the monitoring views of the first migration. Each query has a pure part (validated
 parameters, row to record) and thin sync or async shells that run it on a connection
 the caller owns (with Cyclone's ``search_path``). The ``cyclone`` command uses the sync
-shells; ages and durations are seconds, timestamps aware datetimes from the database.
+shells; ages and durations are seconds, timestamps aware datetimes from the database
+(in UTC, so that durations hold across a daylight-saving change of the session's zone).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ import psycopg
 from cyclone.dbio import Stmt, fetch_async, fetch_dicts_sync, fetch_sync
 from cyclone.errors import ValidationError
 from cyclone.options import check_int, check_text
+from cyclone.records import utc_times
 from cyclone.sql import Q
 from cyclone.states import StepState
 
@@ -148,7 +150,7 @@ class StepInfo:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepInfo:
         """Build from a ``monitor_steps`` row."""
-        return cls(**{**row, "state": StepState(row["state"])})
+        return cls(**{**utc_times(row), "state": StepState(row["state"])})
 
 
 def step_state(value: str) -> StepState:
@@ -218,8 +220,10 @@ def find_steps_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[StepInfo]
 
 
 def database_now_sync(conn: psycopg.Connection[Any]) -> datetime:
-    """The database clock (listings judge ages and lateness by it, not by this host)."""
-    return fetch_sync(conn, Stmt(Q.schedules_now))[0][0]  # type: ignore[no-any-return]
+    """The database clock, in UTC (listings judge ages and lateness by it, not by this
+    host)."""
+    now: datetime = fetch_sync(conn, Stmt(Q.schedules_now))[0][0]
+    return now.astimezone(UTC)
 
 
 def run_steps_sync(conn: psycopg.Connection[Any], run_id: int) -> list[StepInfo]:

@@ -3,19 +3,45 @@
 
 All are frozen dataclasses built from rows of ``runs_get``, ``runs_list`` and
 ``steps_list`` (python-api.md, Client). Timestamps are aware datetimes from the
-database clock; durations are seconds.
+database clock, in UTC whatever the session's time zone (see :func:`utc_times`);
+durations are seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from cyclone.errors import ValidationError
 from cyclone.states import RunState, StepState
 
-__all__ = ["Enqueued", "Run", "RunRef", "Schedule", "Step", "Submitted", "run_id_of"]
+__all__ = [
+    "Enqueued",
+    "Run",
+    "RunRef",
+    "Schedule",
+    "Step",
+    "Submitted",
+    "run_id_of",
+    "utc_times",
+]
+
+
+def utc_times(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with every aware datetime moved to UTC (the same instants).
+
+    psycopg gives a timestamptz the session's time zone, and Python compares and
+    subtracts two datetimes that share one tzinfo by their wall clocks: across a
+    daylight-saving change (a server whose ``timezone`` has one) a duration or an
+    "overdue" test would be off by an hour. In UTC the wall clock is the instant.
+    """
+    return {
+        key: value.astimezone(UTC)
+        if isinstance(value, datetime) and value.tzinfo is not None
+        else value
+        for key, value in row.items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +122,7 @@ class Run:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
         """Build from a ``runs_get`` / ``runs_list`` row."""
-        return cls(**{**row, "state": RunState(row["state"])})
+        return cls(**{**utc_times(row), "state": RunState(row["state"])})
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +168,7 @@ class Step:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Step:
         """Build from a ``steps_list`` row."""
-        values = dict(row)
+        values = utc_times(row)
         values["state"] = StepState(values["state"])
         values["timeout"] = values.pop("timeout_s")
         values["retention"] = values.pop("retention_s")
@@ -198,7 +224,7 @@ class Schedule:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Schedule:
         """Build from a ``schedules_list`` row."""
-        values = dict(row)
+        values = utc_times(row)
         values["target"] = values.pop("kind")
         values["cron"] = values.pop("cron_spec")
         values["timeout"] = values.pop("timeout_s")

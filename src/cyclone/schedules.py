@@ -164,10 +164,21 @@ def _zone(name: str) -> ZoneInfo:
         raise ValidationError(f"unknown time zone {name!r}") from None
 
 
-def _aware(value: datetime, name: str) -> datetime:
+def _instant(value: datetime, name: str) -> datetime:
+    """``value`` as an instant in UTC.
+
+    Every datetime that is compared, subtracted or stepped here goes through this first.
+    psycopg gives a timestamptz the session's time zone, and Python compares (and
+    subtracts) two aware datetimes that share one tzinfo by their wall clocks, fold
+    ignored: in a zone with daylight saving, 01:00:20 PST would come before 01:59 PDT,
+    which it follows by an hour. In UTC the wall clock is the instant.
+
+    Raises:
+        ValidationError: ``value`` is naive.
+    """
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(f"{name} must be timezone-aware, got naive {value!r}")
-    return value
+    return value.astimezone(UTC)
 
 
 def next_slot(cron: str, location: str, after: datetime) -> datetime:
@@ -186,7 +197,8 @@ def next_slot(cron: str, location: str, after: datetime) -> datetime:
     Raises:
         ValidationError: a naive ``after``, a bad expression or zone.
     """
-    start = _aware(after, "after").astimezone(_zone(location))
+    after = _instant(after, "after")
+    start = after.astimezone(_zone(location))
     try:
         # Inside a repeated (fall-back) hour cronsim may answer with the first
         # occurrence of a wall-clock time that is already past in absolute time:
@@ -205,7 +217,9 @@ def latest_slot(cron: str, location: str, at: datetime) -> datetime:
     cronsim's reverse evaluation: fast, but around a daylight-saving change it may
     differ from the forward evaluation of :func:`next_slot` (which fires use); only
     :func:`fire_plan`'s long catch-up walks use it, to jump close to ``at``."""
-    end = _aware(at, "at").astimezone(_zone(location)) + timedelta(microseconds=1)
+    # one microsecond later as an instant, then local: adding to the local time would
+    # drop its fold and step an hour back in a repeated hour
+    end = (_instant(at, "at") + timedelta(microseconds=1)).astimezone(_zone(location))
     try:
         return next(CronSim(cron, end, reverse=True)).astimezone(UTC)
     except CronSimError as exc:
@@ -214,6 +228,7 @@ def latest_slot(cron: str, location: str, at: datetime) -> datetime:
 
 def slots_between(cron: str, location: str, start: datetime, end: datetime) -> Iterator[datetime]:
     """Every slot ``s`` with ``start < s < end``, in order, in UTC."""
+    end = _instant(end, "end")
     slot = next_slot(cron, location, start)
     while slot < end:
         yield slot
@@ -248,9 +263,14 @@ def fire_plan(
     fires and ``next_run_at`` moves to the slot after it, so the scanner works through
     the missed slots in order. Either way ``next_run_at`` moves forward only.
 
+    ``due`` and ``now`` are compared as instants, whatever zone they carry (the
+    database session's, as psycopg returns them): across a fall-back night a slot due at
+    01:59 PDT is due at 01:00:20 PST, later in real time. The plan's datetimes are UTC.
+
     Raises:
         ValidationError: ``due`` is after ``now`` (nothing is due), or bad arguments.
     """
+    due, now = _instant(due, "due"), _instant(now, "now")
     if due > now:
         raise ValidationError(f"the schedule is not due: next slot {due} is after {now}")
     if catch_up == "all":
@@ -442,9 +462,11 @@ def set_enabled_plan(schedule_id: str, enabled: bool) -> Plan[None]:
     current = dict(zip(_LOCK_COLUMNS, rows[0], strict=True))
     if current["enabled"] == enabled:
         return  # nothing changes: a due slot of an enabled schedule stays due
-    upcoming: datetime = current["next_run_at"]
-    if enabled and upcoming <= current["now"]:
-        upcoming = next_slot(current["cron_spec"], current["location"], current["now"])
+    # instants, not the session zone's wall clocks (see fire_plan)
+    upcoming = _instant(current["next_run_at"], "next_run_at")
+    now = _instant(current["now"], "now")
+    if enabled and upcoming <= now:
+        upcoming = next_slot(current["cron_spec"], current["location"], now)
     yield Stmt(
         Q.schedules_set_enabled,
         {"id": schedule_id, "enabled": enabled, "next_run_at": upcoming},

@@ -25,7 +25,7 @@ from cyclone.dbio import Plan, Rows, Stmt, int_array
 from cyclone.errors import NotFoundError, ValidationError
 from cyclone.sql import Q
 from cyclone.states import TERMINAL_STEP_STATES, RunState, StepState
-from cyclone.transitions import expand_stmt, parse_completed
+from cyclone.transitions import cancel_children_stmt, expand_stmt, parse_completed
 
 __all__ = ["Settled", "SignalWait", "satisfied", "settle_plan", "signal_plan"]
 
@@ -91,7 +91,8 @@ def satisfied(
 
 def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
     """Complete every ``waiting_signal`` wait of ``run_ids`` (locked) that its mailbox
-    satisfies, in the current transaction."""
+    satisfies, in the current transaction; a run that completes cancels its active child
+    runs (``Settled.finished`` holds them too)."""
     ids = int_array(run_ids)
     waits = [SignalWait.from_row(r) for r in (yield Stmt(Q.signals_waits, {"run_ids": ids}))]
     rows = yield Stmt(Q.signals_unconsumed, {"run_ids": ids})
@@ -116,6 +117,8 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
     done = yield Stmt(Q.steps_complete_dag, {"dag_steps": f"[{','.join(items)}]"})
     expanded = yield expand_stmt(run_ids)
     completed, finished, woken = parse_completed([lock, done, expanded])
+    if finished:  # a run that completes cancels its active child runs
+        finished |= {row[1] for row in (yield cancel_children_stmt(finished))}
     return Settled(frozenset(finished), frozenset(woken), len(completed))
 
 

@@ -112,13 +112,15 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.RUNNING, S.DISCARDED): (
         "last attempt failed or Discard raised (worker); reclaim limit (sweep)"
     ),
-    (S.RUNNING, S.CANCELLED): "cancel of the run, or fail-fast of its run",
-    (S.AVAILABLE, S.CANCELLED): "cancel of the run, or fail-fast of its run",
-    (S.PENDING, S.CANCELLED): "cancel or fail-fast of the run; cancel_branch below a discard",
-    (S.PAUSED, S.CANCELLED): "cancel of the run",
-    (S.WAITING_SIGNAL, S.CANCELLED): "cancel of the run",
-    (S.WAITING_TIMER, S.CANCELLED): "cancel of the run",
-    (S.WAITING_CHILD, S.CANCELLED): "cancel of the run",
+    (S.RUNNING, S.CANCELLED): "cancel of the run (or of its parent), or fail-fast of its run",
+    (S.AVAILABLE, S.CANCELLED): "cancel of the run (or of its parent), or fail-fast of its run",
+    (S.PENDING, S.CANCELLED): (
+        "cancel of the run (or of its parent) or fail-fast; cancel_branch below a discard"
+    ),
+    (S.PAUSED, S.CANCELLED): "cancel of the run (or of its parent)",
+    (S.WAITING_SIGNAL, S.CANCELLED): "cancel of the run (or of its parent)",
+    (S.WAITING_TIMER, S.CANCELLED): "cancel of the run (or of its parent)",
+    (S.WAITING_CHILD, S.CANCELLED): "cancel of the run (or of its parent)",
 }
 """Every legal step move, with the part of the engine that makes it."""
 
@@ -128,12 +130,15 @@ RUN_TRANSITIONS: dict[tuple[RunState, RunState], str] = {
         "no active step left: its last step completed (completion transaction) or a "
         "contained discard cancelled the rest (discard transaction)"
     ),
-    (R.RUNNING, R.CANCELLED): "cancel",
+    (R.RUNNING, R.CANCELLED): (
+        "cancel; a child run whose parent run ended (or cancelled its child node), in the "
+        "transaction that ended it (runs_cancel_children), or by the orphan scanner"
+    ),
     (R.RUNNING, R.FAILED): (
         "a fatal discard, or a contained one that lost the result node (worker, sweep or "
         "wait scanner, under the run row lock); deadline_at passed (wait scanner)"
     ),
-    (R.PAUSED, R.CANCELLED): "cancel",
+    (R.PAUSED, R.CANCELLED): "cancel; a paused child run whose parent run ended",
     (R.RUNNING, R.PAUSED): "pause",
     (R.PAUSED, R.RUNNING): "resume",
     (R.PAUSED, R.COMPLETED): "its last step finished during the pause",

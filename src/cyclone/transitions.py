@@ -7,9 +7,10 @@ run rows first (``runs_lock``), so every writer takes locks in one order.
 
 from __future__ import annotations
 
+import heapq
 import json
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "MISMATCH_DELAY",
     "Claimed",
     "Failure",
+    "cancel_children_stmt",
     "cancel_stmts",
     "claim_stmt",
     "complete_stmts",
@@ -59,7 +61,9 @@ class Claimed:
     never reused, even if a claim is lost in a server crash and its generation issued
     again. ``timeout`` is seconds or ``None``. ``input_from`` and ``bindings`` (pairs
     of upstream node and assembly mode, in slot order) are a workflow step's data
-    edges; ``input_error`` says why its input could not be assembled.
+    edges; ``input_error`` says why its input could not be assembled. ``has_children``
+    is true when the run's definition (as this worker registers it) has child nodes:
+    then a transaction that may end the run also cancels its active child runs.
     """
 
     id: int
@@ -80,6 +84,7 @@ class Claimed:
     bindings: tuple[tuple[str, str], ...] | None = None
     input_error: str | None = None
     has_fan_out: bool = False
+    has_children: bool = False
 
     @property
     def has_data_edge(self) -> bool:
@@ -117,8 +122,11 @@ def claim_stmt(
     )
 
 
-def parse_claimed(rows: Rows, queue: str, owner: str) -> list[Claimed]:
-    """The rows of ``steps_claim`` (claimed as ``owner``) as :class:`Claimed` records."""
+def parse_claimed(
+    rows: Rows, queue: str, owner: str, parents: Container[str] = ()
+) -> list[Claimed]:
+    """The rows of ``steps_claim`` (claimed as ``owner``) as :class:`Claimed` records;
+    ``parents`` are the def_versions whose definition has child nodes."""
     return [
         Claimed(
             id=row[0],
@@ -138,6 +146,7 @@ def parse_claimed(rows: Rows, queue: str, owner: str) -> list[Claimed]:
             input_from=row[12],
             has_fan_out=bool(row[13]),
             bindings=parse_bindings(row[14]),
+            has_children=row[11] in parents,
         )
         for row in rows
     ]
@@ -166,7 +175,9 @@ def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
     Each output is JSON text made by ``encode_json``; a batch travels as one JSON text
     of ``[id, generation, owner, output]`` quadruples. Steps of standalone runs take the
     lean ``steps_complete``; workflow steps take ``steps_complete_dag``, which also
-    advances their runs; a mixed batch runs both in the one transaction.
+    advances their runs; a mixed batch runs both in the one transaction. A run whose
+    definition has child nodes adds ``runs_cancel_children`` (a run that ends cancels
+    its active child runs); jobs and other workflows never pay for it.
 
     Returns the statements for one transaction; pass all their results to
     :func:`parse_completed`.
@@ -181,7 +192,17 @@ def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
         fan_out_runs = {step.run_id for step, _ in dag if step.has_fan_out}
         if fan_out_runs:
             stmts.append(expand_stmt(fan_out_runs))
+        parents = {step.run_id for step, _ in dag if step.has_children}
+        if parents:
+            stmts.append(cancel_children_stmt(parents))
     return stmts
+
+
+def cancel_children_stmt(run_ids: Iterable[int]) -> Stmt:
+    """Cancel the active child runs (and all active below them) of ``run_ids``, locked
+    runs that ended, or whose child node ended, in this transaction
+    (``runs_cancel_children``); :func:`parse_completed` reads its rows as finished runs."""
+    return Stmt(Q.runs_cancel_children, {"ended_runs": int_array(run_ids)})
 
 
 def expand_stmt(run_ids: Iterable[int]) -> Stmt:
@@ -192,14 +213,17 @@ def expand_stmt(run_ids: Iterable[int]) -> Stmt:
 
 def parse_completed(results: Sequence[Rows]) -> tuple[set[int], set[int], set[str]]:
     """From the results of :func:`complete_stmts`: ids of steps completed, of runs
-    finished, and the queues where the advance made steps available."""
+    finished (child runs cancelled by ``runs_cancel_children`` included), and the queues
+    where the advance made steps available."""
     done: set[int] = set()
     finished: set[int] = set()
     woken: set[str] = set()
     for rows in results[1:]:  # after runs_lock
         for row in rows:
-            if row[0] is None:  # the row of steps_expand_fan_outs
+            if row[0] is None:  # a row of steps_expand_fan_outs or runs_cancel_children
                 woken.update(row[3] or ())
+                if row[2]:
+                    finished.add(row[1])
                 continue
             done.add(row[0])
             if row[2]:
@@ -261,7 +285,9 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
     resolves the run (runs_resolve_discard: fail fast, or cancel the branch), in one
-    transaction. Either way the CAS is the statement at :data:`FAILURE_CAS` (from the end).
+    transaction; when the run's definition has child nodes, ``runs_cancel_children``
+    follows (the run, or the branch of a child node, may have ended). Either way the CAS
+    is the statement at index :data:`FAILURE_CAS`.
     """
     params = {
         "id": step.id,
@@ -273,11 +299,14 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     }
     if not failure.discard:
         return [Stmt(Q.steps_retry, {**params, "delay_us": micros(failure.delay)})], False
-    return [
+    stmts = [
         Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(Q.steps_discard, params),
         Stmt(Q.runs_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
-    ], True
+    ]
+    if step.has_children:
+        stmts.append(cancel_children_stmt([step.run_id]))
+    return stmts, True
 
 
 def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
@@ -288,7 +317,7 @@ def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
     }
 
 
-FAILURE_CAS = {False: -1, True: -2}
+FAILURE_CAS = {False: 0, True: 1}
 """Index of the CAS statement among :func:`failure_stmts`, by ``transaction``."""
 
 
@@ -332,7 +361,9 @@ def reclaim_stmts(
     """What the sweep writes for one expired step, and whether it is a discard.
 
     Below ``max_reclaims`` the step goes back to ``available`` (``steps_reclaim``);
-    past it, the step is discarded with ``reclaim_limit`` and its run resolved.
+    past it, the step is discarded with ``reclaim_limit``, its run resolved and, if the
+    run (or a child node's branch) ended, its active child runs cancelled (the sweep does
+    not know the definition; a rare path). The discard's CAS is the statement at index 1.
     """
     reason = "timeout passed" if timed_out else "lease expired"
     if reclaims + 1 <= max_reclaims:
@@ -358,6 +389,7 @@ def reclaim_stmts(
             },
         ),
         Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}),
+        cancel_children_stmt([run_id]),
     ], True
 
 
@@ -425,13 +457,20 @@ def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[
 def retry_plan(
     run_id: int, node: str | None, deadline: float | None
 ) -> Plan[tuple[int, set[str], list[int]]]:
-    """Operator retry in the current transaction, child runs included: a reset child
-    node reopens its existing child run (decisions.md, Operator retry).
+    """Operator retry in the current transaction, the whole run tree included: a reset
+    child node reopens its existing child run, retried the same way, so its own reset
+    child nodes reopen theirs, down to the last level (decisions.md, Operator retry). A
+    grandchild left failed or cancelled would make its parent node fail again at once.
 
-    Returns the steps reset, the queues to wake, and every run reopened.
+    Runs are locked and retried in ascending id order (a min-heap: a child run's id is
+    larger than its parent's), the order of every other writer (runs_lock).
+
+    Returns the steps reset, the queues to wake (of every run reopened), and every run
+    reopened, in the order they were retried.
 
     Raises:
-        NotFoundError, ValidationError, StateError: see :func:`retry_outcome`.
+        NotFoundError, ValidationError, StateError: see :func:`retry_outcome` (only for
+            ``run_id``; a child run with nothing to retry is left alone).
     """
     yield Stmt(Q.runs_read_committed)
     results: list[Rows] = []
@@ -440,11 +479,21 @@ def retry_plan(
     row = results[-1][0]
     reset, woken = retry_outcome(run_id, node, row)
     runs = [run_id]
-    for child in row[5] or ():
+    below = list(row[5] or ())
+    heapq.heapify(below)
+    seen = {run_id}
+    while below:
+        child = heapq.heappop(below)
+        if child in seen:
+            continue
+        seen.add(child)
         for stmt in retry_stmts(child, None, None):
             child_rows = yield stmt
-        if child_rows and child_rows[0][0]:  # a child with nothing to retry is left alone
-            reset += int(child_rows[0][0])
-            woken |= set(child_rows[0][1] or ())
-            runs.append(child)
+        if not child_rows or not child_rows[0][0]:
+            continue  # a child with nothing to retry (completed, paused) is left alone
+        reset += int(child_rows[0][0])
+        woken |= set(child_rows[0][1] or ())
+        runs.append(child)
+        for grandchild in child_rows[0][5] or ():
+            heapq.heappush(below, grandchild)
     return reset, woken, runs

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -119,6 +119,7 @@ class Worker:
         build_request: Callable[..., EnqueueRequest],
         build_submit: Callable[..., Any] | None = None,
         workflows: Mapping[str, list[str]] | None = None,
+        parents: Collection[str] = (),
         on_wait: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self.settings = settings
@@ -126,6 +127,7 @@ class Worker:
         """Called with the markers (``MARKS``) an advance reported: a wait, child or
         fan-out node reached, an item task finished (the client kicks its scanner)."""
         self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
+        self._parents = frozenset(parents)  # def_versions with child nodes
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self.outputs = OutputCache()
         """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
@@ -144,7 +146,10 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
-            pool, batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch)), woken=self._woken
+            pool,
+            batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch)),
+            woken=self._woken,
+            ended=publisher.run_done,
         )
         self._claim_serial = 0
         total = sum(settings.queues.values())
@@ -289,7 +294,7 @@ class Worker:
             foreign=self._foreign,
         )
         async with self._lease_pool.connection() as conn:
-            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner)
+            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner, self._parents)
             try:
                 sequenced = [step for step in claimed if step.sequence_key is not None]
                 if sequenced:
@@ -539,8 +544,9 @@ class Worker:
     ) -> tuple[str, Any] | None:
         """In a handler thread: run it, and complete in its completion tx if opened.
 
-        Returns ``("output", json)`` for the completer, ``("completed", run_finished)``,
-        ``("failed", Failure)``, or ``None`` when there is nothing to record.
+        Returns ``("output", json)`` for the completer, ``("completed", (runs finished,
+        queues woken))``, ``("failed", Failure)``, or ``None`` when there is nothing to
+        record.
         """
         step, ctx = held.step, held.ctx
         held.in_handler = True
@@ -576,7 +582,7 @@ class Worker:
                     "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc
                 )
                 return "failed", self._decide(handler, step, exc)
-            return "completed", (step.run_id in finished, woken)
+            return "completed", (finished, woken)
         finally:
             tx.close_sync(commit=False)  # whatever happened: never leak a slot
 
@@ -609,7 +615,7 @@ class Worker:
             log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
             await self._record_failure(held, self._decide(handler, step, exc))
             return
-        self._after_completion(held, step.run_id in finished, woken)
+        self._after_completion(held, finished, woken)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:
         try:
@@ -625,13 +631,15 @@ class Worker:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
         # the completer announced finished runs after its commit
 
-    def _after_completion(self, held: _Held, run_finished: bool, woken: set[str]) -> None:
+    def _after_completion(self, held: _Held, finished: set[int], woken: set[str]) -> None:
+        """After the commit of a completion transaction: its wakeups and the runs it
+        finished (the step's run, child runs it cancelled)."""
         if held.ctx._wakeups:
             self._publisher.available(held.ctx._wakeups)
         if woken:
             self._woken(woken)
-        if run_finished:
-            self._publisher.run_done((held.step.run_id,))
+        if finished:
+            self._publisher.run_done(finished)
 
     def _woken(self, queues: set[str]) -> None:
         """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere.
@@ -662,6 +670,8 @@ class Worker:
         rows = await self._write(stmts, transaction=transaction, after=announce)
         if rows is None:
             return
+        if failure.discard and step.has_children:  # child runs runs_cancel_children ended
+            self._publisher.run_done(row[1] for row in rows[-1])
         if not rows[FAILURE_CAS[transaction]]:
             log.info("step %d (%s): stale failure ignored", step.id, step.kind)
             return

@@ -12,6 +12,17 @@ import pytest
 
 from cyclone.dbio import Stmt
 from cyclone.sql import Q
+from tests.helpers import set_database_timezone
+
+SESSION_ZONE = "America/Los_Angeles"
+"""Every database of this module runs its sessions in a zone with daylight saving, so
+timestamptz values come back in it (psycopg gives them the session's zone)."""
+
+
+@pytest.fixture
+def dsn(dsn: str) -> str:
+    """The test's database, its sessions in :data:`SESSION_ZONE`."""
+    return set_database_timezone(dsn, SESSION_ZONE)
 
 
 def run(db: psycopg.Connection[Any], stmt: Stmt) -> list[tuple[Any, ...]]:

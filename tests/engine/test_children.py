@@ -174,3 +174,117 @@ async def test_a_parent_that_fails_cancels_its_running_child(
 
 async def _child_state(db: psycopg.Connection[Any], run_id: int, state: str) -> bool:
     return scalar(db, "SELECT state FROM cyclone_runs WHERE parent_run_id = %s", (run_id,)) == state
+
+
+DEEP_FIXED = [False]
+
+
+@cyclone.step("ch_deep_flaky", max_attempts=1)
+async def deep_flaky(ctx: cyclone.Context, inp: Any) -> str:
+    if not DEEP_FIXED[0]:
+        raise cyclone.Discard("the grandchild gives up")
+    return "deep"
+
+
+def _tree_states(db: psycopg.Connection[Any], top: int) -> list[tuple[int, str]]:
+    """(depth, state) of the run ``top`` and every run below it."""
+    rows = db.execute(
+        "WITH RECURSIVE t (id, depth) AS (SELECT %s::bigint, 0 UNION ALL "
+        "SELECT r.id, t.depth + 1 FROM cyclone_runs r JOIN t ON r.parent_run_id = t.id) "
+        "SELECT t.depth, r.state FROM t JOIN cyclone_runs r ON r.id = t.id ORDER BY t.depth",
+        (top,),
+    ).fetchall()
+    return [(depth, state) for depth, state in rows]
+
+
+async def test_retry_of_the_top_run_reopens_the_whole_failed_tree(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Three levels: top -> middle (child node) -> leaf (child node) -> a step that
+    discards. The leaf's failure fails the middle and then the top; once the handler is
+    fixed, a retry of the top run reopens the middle and the leaf (a grandchild left
+    failed would fail its parent node again at once) and the whole tree completes."""
+    DEEP_FIXED[0] = False
+    leaf = cyclone.Workflow("deep_leaf")
+    leaf.result(leaf.node("try", deep_flaky))
+    middle = cyclone.Workflow("deep_middle")
+    middle.result(middle.child("leaf", leaf))
+    top = cyclone.Workflow("deep_top")
+    top.result(top.child("middle", middle))
+    async with cyclone.Client(
+        dsn, workflows=[top], handlers=[deep_flaky], poll_interval=0.05, lease_ttl=5
+    ) as c:
+        sub = await c.submit(top, None)
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        assert _tree_states(db, sub.run_id) == [(0, "failed"), (1, "failed"), (2, "failed")]
+        runs_before = scalar(db, "SELECT count(*) FROM cyclone_runs")
+        DEEP_FIXED[0] = True
+        assert await c.retry(sub) == 3  # the middle node, the leaf node, the leaf's step
+        run = await c.wait(sub, timeout=30)
+    assert run.state == RunState.COMPLETED and run.result == "deep"
+    assert _tree_states(db, sub.run_id) == [(0, "completed"), (1, "completed"), (2, "completed")]
+    assert scalar(db, "SELECT count(*) FROM cyclone_runs") == runs_before  # reopened, not new
+
+
+def _ended_together(db: psycopg.Connection[Any], parent: int) -> tuple[Any, ...] | None:
+    """The child run of ``parent``: (its state, whether it finished in the transaction
+    that ended the parent, its steps' states, whether they were cancelled in it)."""
+    return db.execute(
+        "SELECT c.state, c.finished_at = p.finished_at, "
+        "       array_agg(DISTINCT s.state), bool_and(s.completed_at = p.finished_at) "
+        "FROM cyclone_runs p JOIN cyclone_runs c ON c.parent_run_id = p.id "
+        "JOIN cyclone_steps s ON s.run_id = c.id WHERE p.id = %s GROUP BY c.id, p.id",
+        (parent,),
+    ).fetchone()
+
+
+@pytest.mark.parametrize("how", ["discard", "deadline"])
+async def test_a_parent_that_fails_cancels_its_running_child_in_the_same_transaction(
+    dsn: str, db: psycopg.Connection[Any], how: str
+) -> None:
+    """The parent fails (a worker's discard, or its deadline in the wait scanner) while
+    its child run waits: the child run and its steps are cancelled by the transaction
+    that failed the parent (now() is the transaction's clock: the same timestamps), not
+    later by the orphan scanner."""
+    waiting = cyclone.Workflow(f"waits_{how}")
+    waiting.wait_signal("never")
+    parent = cyclone.Workflow(f"fails_{how}")
+    parent.child("kid", waiting, needs_result=False)
+    parent.node("bad", fail, after=[parent.wait_signal("go")])
+    async with client(dsn, parent) as c:
+        sub = await c.submit(parent, None, deadline=3600 if how == "deadline" else None)
+        await apoll_until(lambda: _child(db, sub.run_id), what="the child run to start")
+        if how == "discard":
+            assert await c.signal(sub, "go")  # "bad" runs and discards: fail-fast
+        else:
+            db.execute("UPDATE cyclone_runs SET deadline_at = now() WHERE id = %s", (sub.run_id,))
+        assert (await c.wait(sub, timeout=30)).state == RunState.FAILED
+        assert _ended_together(db, sub.run_id) == ("cancelled", True, ["cancelled"], True)
+
+
+async def test_the_orphan_scanner_cancels_a_child_whose_parent_run_is_gone(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Rows as a database written before parents cancelled their children holds them: a
+    running child run (and its own running child) whose parent run was purged. The
+    parent's node step went with it, so only the parent link is left to find it by."""
+    db.execute(
+        "INSERT INTO cyclone_runs (id, workflow, def_version, parent_run_id, parent_node_id) "
+        "OVERRIDING SYSTEM VALUE VALUES (10, 'kid', 'v1', 9, 'kid'), "
+        "(11, 'grandkid', 'v2', 10, 'inner')"
+    )
+    db.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES "
+        "(10, 'inner', '@child', 'waiting_child'), (11, 'work', 'nobody.runs.this', 'available')"
+    )
+    async with cyclone.Client(dsn, handlers=[double], poll_interval=3600) as c:
+        assert c.wait_scanner is not None
+        await apoll_until(lambda: _scanned(c), what="the first scanner pass")
+        await c.wait_scanner.scan_once()
+    states = db.execute("SELECT id, state FROM cyclone_runs ORDER BY id").fetchall()
+    assert states == [(10, "cancelled"), (11, "cancelled")]
+    assert scalar(db, "SELECT array_agg(DISTINCT state) FROM cyclone_steps") == ["cancelled"]
+
+
+async def _scanned(c: cyclone.Client) -> bool:
+    return c.wait_scanner is not None and c.wait_scanner.passes > 0

@@ -183,3 +183,30 @@ async def test_purge_works_in_bounded_batches(dsn: str, db: psycopg.Connection[A
 
 def count_runs(db: psycopg.Connection[Any]) -> int:
     return int(scalar(db, "SELECT count(*) FROM cyclone_runs"))
+
+
+def test_purge_never_deletes_a_run_with_an_active_descendant(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Rows as a database written before parents cancelled their children holds them: a
+    failed run whose cancelled child run still has a running child of its own. Even
+    purge(older_than=0) deletes none of them (the running grandchild would be left with
+    no parent to find it by); once the grandchild is finished, all three go."""
+    db.execute(
+        "INSERT INTO cyclone_runs (id, workflow, def_version, state, finished_at, "
+        "parent_run_id, parent_node_id) OVERRIDING SYSTEM VALUE VALUES "
+        "(1, 'top', 'v1', 'failed', now() - interval '1 day', NULL, NULL), "
+        "(2, 'middle', 'v2', 'cancelled', now() - interval '1 day', 1, 'middle'), "
+        "(3, 'leaf', 'v3', 'running', NULL, 2, 'leaf')"
+    )
+    db.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES "
+        "(1, 'middle', '@child', 'discarded'), (2, 'leaf', '@child', 'cancelled'), "
+        "(3, 'work', 'k', 'running')"
+    )
+    with cyclone.SyncClient(dsn) as c:
+        assert c.purge(older_than=0) == 0
+        assert remaining(db) == {1, 2, 3}
+        db.execute("UPDATE cyclone_runs SET state = 'cancelled', finished_at = now() WHERE id = 3")
+        assert c.purge(older_than=0) == 3
+    assert remaining(db) == set()

@@ -16,7 +16,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState
-from tests.helpers import apoll_until, scalar
+from tests.helpers import apoll_until, scalar, set_database_timezone
 
 
 @cyclone.action("sched_tick")
@@ -27,6 +27,17 @@ async def tick(ctx: cyclone.Context, value: Any) -> None:
 @cyclone.step("sched_echo")
 async def echo(ctx: cyclone.Context, value: Any) -> Any:
     return value
+
+
+SESSION_ZONE = "America/Los_Angeles"
+"""Every database of this module runs its sessions in a zone with daylight saving, so
+timestamptz values come back in it (psycopg gives them the session's zone)."""
+
+
+@pytest.fixture
+def dsn(dsn: str) -> str:
+    """The test's database, its sessions in :data:`SESSION_ZONE`."""
+    return set_database_timezone(dsn, SESSION_ZONE)
 
 
 def make_client(dsn: str, *workflows: cyclone.Workflow, **options: Any) -> cyclone.Client:
@@ -230,7 +241,7 @@ async def test_missed_slots_fire_once_with_catch_up_latest_and_each_with_all(
 ) -> None:
     """A yearly schedule that no client ran for five years (yearly: the expected slots
     cannot change while the test runs, except at New Year)."""
-    this_year = scalar(db, "SELECT date_trunc('year', now())")
+    this_year = scalar(db, "SELECT date_trunc('year', now(), 'UTC')")  # the UTC slot
     async with make_client(dsn) as c:
         await settled(c)
         await c.create_schedule("yearly", tick, None, "@yearly", location="UTC")
@@ -467,3 +478,37 @@ async def test_a_slot_that_fired_before_is_passed_over_not_failed(
         s = await c.get_schedule("again")
         assert s.next_run_at > slot and s.consecutive_failures == 0 and s.last_error is None
         assert count(db, "cyclone_runs") == 1 and count(db, "cyclone_schedule_fires") == 1
+
+
+async def test_a_slot_due_before_the_fall_back_fires_when_seen_after_it(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """The 2026-11-01 fall-back in America/Los_Angeles, the sessions' zone: a slot due at
+    01:59 PDT, claimed at 01:00:20 PST (80 s later in real time, earlier by the wall
+    clock), fires; it is not a failure and there is no back-off.
+
+    The database clock cannot be moved to that night: the slot is put there with SQL
+    and the claim's ``now`` is the value the session gives for 01:00:20 PST, exactly as
+    psycopg returns it (the session zone, fold 1)."""
+    async with make_client(dsn) as c:
+        await settled(c)
+        assert scalar(db, "SHOW timezone") == SESSION_ZONE
+        await c.create_schedule("minute-59", tick, None, "59 * * * *", location=SESSION_ZONE)
+        db.execute("UPDATE cyclone_schedules SET next_run_at = '2026-11-01 01:59:00-07'")
+        assert c.schedule_scanner is not None
+        (row,) = await c.schedule_scanner.claim()
+        seen = scalar(db, "SELECT '2026-11-01 01:00:20-08'::timestamptz")
+        assert row["next_run_at"].tzinfo is seen.tzinfo  # one zone: wall clocks compare
+        assert (row["next_run_at"].fold, seen.fold) == (0, 1)
+        assert seen < row["next_run_at"]  # by the wall clock, the trap
+        result = await c.schedule_scanner.fire([{**row, "now": seen}])
+        assert (result.fired, result.failed, result.lost) == (1, 0, 0)
+        fire = db.execute(
+            "SELECT scheduled_for = '2026-11-01 08:59:00+00' FROM cyclone_schedule_fires"
+        ).fetchall()
+        assert fire == [(True,)]
+        state = db.execute(
+            "SELECT next_run_at = '2026-11-01 09:59:00+00', consecutive_failures, last_error, "
+            "lease_expiry FROM cyclone_schedules"
+        ).fetchone()
+        assert state == (True, 0, None, None)  # 01:59 PST next; no failure, no back-off

@@ -7,13 +7,18 @@ occurs twice runs once, at its first occurrence.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from rich.console import Console
 
 import cyclone
 from cyclone.config import ClientConfig
+from cyclone.monitor import StepInfo
+from cyclone.records import Schedule
+from cyclone.render import schedules_table
 from cyclone.schedules import (
     SKIP_COUNT_LIMIT,
     fire_plan,
@@ -21,8 +26,10 @@ from cyclone.schedules import (
     next_slot,
     parse_cron,
     resolve_location,
+    set_enabled_plan,
     slots_between,
 )
+from cyclone.sql import Q
 
 LA = "America/Los_Angeles"
 BERLIN = "Europe/Berlin"
@@ -270,3 +277,112 @@ def test_oversized_and_overflowing_crons_raise_validation_error(bad: str) -> Non
         return
     with pytest.raises(cyclone.ValidationError, match="cron expression"):
         parse_cron(bad)
+
+
+# What an America/Los_Angeles session returns around the 2026-11-01 fall-back: psycopg
+# gives a timestamptz the session zone (one shared ZoneInfo), fold 0 in the first 01:xx
+# (PDT) and fold 1 in the second (PST).
+DUE_PDT = local(LA, 2026, 11, 1, 1, 59)  # 01:59 PDT = 08:59 UTC
+SEEN_PST = local(LA, 2026, 11, 1, 1, 0, 20, fold=1)  # 01:00:20 PST = 09:00:20 UTC
+
+
+def test_the_session_values_are_what_the_fall_back_gives() -> None:
+    assert DUE_PDT.tzinfo is SEEN_PST.tzinfo
+    assert SEEN_PST < DUE_PDT  # Python's wall-clock comparison: the trap
+    assert SEEN_PST.astimezone(UTC) - DUE_PDT.astimezone(UTC) == timedelta(minutes=1, seconds=20)
+
+
+@pytest.mark.parametrize("catch_up", ["latest", "all"])
+def test_fire_plan_sees_a_slot_due_before_the_fall_back_as_due_after_it(catch_up: str) -> None:
+    """A slot due at 01:59 PDT, seen at 01:00:20 PST (80 s later in real time), fires."""
+    plan = fire_plan("59 * * * *", LA, DUE_PDT, SEEN_PST, catch_up=catch_up)  # type: ignore[arg-type]
+    # (a time in the repeated hour never equals one of another zone: compare in UTC)
+    assert plan.slot == datetime(2026, 11, 1, 8, 59, tzinfo=UTC)  # 01:59 PDT
+    assert plan.skipped == 0
+    assert plan.next_run_at == datetime(2026, 11, 1, 9, 59, tzinfo=UTC)  # 01:59 PST
+    with pytest.raises(cyclone.ValidationError, match="not due"):
+        fire_plan("59 * * * *", LA, SEEN_PST, DUE_PDT)  # the other way round: not yet
+
+
+def test_fire_plan_latest_across_the_fall_back_fires_the_last_slot_seen() -> None:
+    """*/15 due at 01:45 PDT, seen at 01:00:20 PST: 01:00 PST is the latest slot."""
+    due = local(LA, 2026, 11, 1, 1, 45)
+    plan = fire_plan("*/15 * * * *", LA, due, SEEN_PST)
+    assert plan.slot == datetime(2026, 11, 1, 9, 0, tzinfo=UTC)  # 01:00 PST
+    assert plan.skipped == 1  # 01:45 PDT
+    assert plan.next_run_at == datetime(2026, 11, 1, 9, 15, tzinfo=UTC)
+
+
+def test_latest_slot_in_the_repeated_hour_is_not_an_hour_early() -> None:
+    assert latest_slot("* * * * *", LA, SEEN_PST) == datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
+
+
+def _enable(next_run_at: datetime, now: datetime, cron: str) -> dict[str, object]:
+    """Drive set_enabled_plan on a disabled schedule; the schedules_set_enabled params."""
+    plan = set_enabled_plan("s", True)
+    stmt = next(plan)
+    assert stmt.sql == Q.schedules_lock
+    row = ("s", "k", None, "null", cron, LA, next_run_at, "default", 0, 1, None, None, False, now)
+    stmt = plan.send([row])
+    assert stmt.sql == Q.schedules_set_enabled and stmt.params is not None
+    with pytest.raises(StopIteration):
+        plan.send([("s",)])
+    return dict(stmt.params)
+
+
+def test_enabling_after_the_fall_back_skips_the_slot_that_passed() -> None:
+    """Disabled with next_run_at 01:59 PDT, enabled at 01:00:20 PST: that slot passed
+    while disabled, so next_run_at moves to the next slot after now (01:59 PST)."""
+    params = _enable(DUE_PDT, SEEN_PST, "59 * * * *")
+    assert params["next_run_at"] == datetime(2026, 11, 1, 9, 59, tzinfo=UTC)
+    # a slot still ahead in real time is kept
+    ahead = local(LA, 2026, 11, 1, 1, 30, fold=1)  # 01:30 PST, after 01:59 PDT
+    kept = _enable(ahead, DUE_PDT, "30 * * * *")["next_run_at"]
+    assert kept == datetime(2026, 11, 1, 9, 30, tzinfo=UTC)
+
+
+def test_records_carry_instants_so_durations_hold_across_the_fall_back() -> None:
+    """A step started at 01:59 PDT and completed at 01:00:20 PST took 80 s, not -59 min;
+    a schedule due at 01:59 PDT is overdue at 01:05 PST."""
+    started, completed = DUE_PDT, SEEN_PST
+    step = StepInfo.from_row(_step_info_row(started, completed))
+    assert step.duration == 80.0
+    assert step.started_at.utcoffset() == timedelta(0)
+    schedule = Schedule.from_row(_schedule_row(DUE_PDT))
+    assert schedule.next_run_at.tzinfo is UTC
+    table = schedules_table([schedule], local(LA, 2026, 11, 1, 1, 5, fold=1))  # 6 min late
+    console = Console(width=200, record=True)
+    console.print(table)
+    assert "overdue" in console.export_text()
+
+
+def _step_info_row(started: datetime, completed: datetime) -> dict[str, object]:
+    names = [f.name for f in dataclasses.fields(StepInfo)]
+    row: dict[str, object] = dict.fromkeys(names)
+    row.update(state="completed", started_at=started, completed_at=completed)
+    return row
+
+
+def _schedule_row(next_run_at: datetime) -> dict[str, object]:
+    return {
+        "id": "s",
+        "kind": "k",
+        "def_version": None,
+        "input": None,
+        "cron_spec": "59 * * * *",
+        "location": LA,
+        "next_run_at": next_run_at,
+        "enabled": True,
+        "last_run_id": None,
+        "last_error": None,
+        "consecutive_failures": 0,
+        "queue": "default",
+        "priority": 0,
+        "max_attempts": 1,
+        "timeout_s": None,
+        "retention_s": None,
+        "lease_owner": None,
+        "lease_expiry": None,
+        "created_at": next_run_at,
+        "updated_at": next_run_at,
+    }

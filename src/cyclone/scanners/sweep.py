@@ -5,8 +5,8 @@ engine-design, Leases and Heartbeats. A running step whose ``lease_expiry`` has 
 (even while heartbeats still run) goes back to ``available`` with ``reclaims + 1``, the
 lease cleared and ``attempt`` and ``scheduled_at`` unchanged: a reclaim is not an
 attempt. Past ``max_reclaims`` the step is discarded with ``error_kind =
-'reclaim_limit'`` and its run failed. Each reclaim is its own transaction, guarded on
-the lease generation the sweep read.
+'reclaim_limit'``, its run failed and the run's active child runs cancelled. Each
+reclaim is its own transaction, guarded on the lease generation the sweep read.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class Sweeper(Periodic):
                 else:
                     result = await batch_async(conn, stmts, transaction=False)
             if is_discard:
+                self._publisher.run_done(row[1] for row in result[-1])  # child runs ended
                 if result[1]:
                     discarded += 1
                     log.warning("step %d discarded: reclaim limit reached", step_id)

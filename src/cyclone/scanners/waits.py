@@ -23,6 +23,10 @@ on every step it changes:
   so one child run per node); a child node whose child run finished completes with
   the child's result, or is discarded when the child failed or was cancelled.
 
+A run that ends here (or whose child node's branch is cancelled) cancels its active child
+runs in the same transaction (``runs_cancel_children``); as a backstop for runs left
+active before that rule, child runs whose parent run ended or is gone are cancelled too.
+
 The scanner runs every ``interval`` seconds, and at once when kicked (a worker reached a
 signal wait, a child node or a fan-out node). A kick for an item task that finished
 runs only the fan-out part (releases and completions), so that a fan-out's thousands
@@ -35,20 +39,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, batch_async, fetch_async, run_plan_async
+from cyclone.dbio import Stmt, batch_async, fetch_async, int_array, run_plan_async
 from cyclone.inputs import InputError, assemble, needed, parse_bindings
 from cyclone.notify import Publisher
 from cyclone.scanners.loop import Periodic
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
-from cyclone.transitions import cancel_stmts, expand_stmt, parse_completed
+from cyclone.transitions import cancel_children_stmt, expand_stmt, parse_completed
 
 __all__ = ["CHILD_MARK", "FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
 
@@ -206,7 +210,8 @@ class WaitScanner(Periodic):
             items = ",".join(f'[{step_id},null,null,null,"waiting_timer"]' for step_id, _ in due)
             done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": f"[{items}]"}))
             expanded = await fetch_async(conn, expand_stmt({run_id for _, run_id in due}))
-        completed, finished, woken = parse_completed([[], done, expanded])
+            completed, finished, woken = parse_completed([[], done, expanded])
+            finished |= await self._end_children(conn, finished)
         self._announce(finished, woken)
         return len(completed)
 
@@ -239,9 +244,11 @@ class WaitScanner(Periodic):
     async def _deadlines(self) -> int:
         async with self._pool.connection() as conn, conn.transaction():
             failed = await fetch_async(conn, Stmt(Q.runs_fail_deadline, {"limit": self._batch}))
+            ended = {row[0] for row in failed}
+            cancelled = await self._end_children(conn, ended)
         if failed:
-            log.warning("runs %s failed: deadline passed", [row[0] for row in failed])
-            self._announce({row[0] for row in failed}, set())
+            log.warning("runs %s failed: deadline passed", sorted(ended))
+            self._announce(ended | cancelled, set())
         return len(failed)
 
     async def _fan_outs(self) -> int:
@@ -331,7 +338,7 @@ class WaitScanner(Periodic):
         done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
         expanded = await fetch_async(conn, expand_stmt([node.run_id]))
         completed, ended, more = parse_completed([[], done, expanded])
-        finished |= ended
+        finished |= ended | await self._end_children(conn, ended)
         woken |= more
         return len(completed)
 
@@ -349,7 +356,20 @@ class WaitScanner(Periodic):
         )
         if outcome and (outcome[0][0] or outcome[0][1]):
             finished.add(run_id)
+        if outcome and any(outcome[0]):  # the run, or a branch (a child node's), ended
+            finished |= await self._end_children(conn, [run_id])
         return 1
+
+    async def _end_children(self, conn: Any, run_ids: Iterable[int]) -> set[int]:
+        """Cancel the active child runs of ``run_ids`` (locked in this transaction) whose
+        parent run or child node ended; the ids of the runs cancelled."""
+        ids = set(run_ids)
+        if not ids:
+            return set()
+        rows = await fetch_async(conn, cancel_children_stmt(ids))
+        if rows:
+            log.info("child runs %s cancelled: their parent ended", [row[1] for row in rows])
+        return {row[1] for row in rows}
 
     async def _children(self) -> int:
         changed = 0
@@ -395,7 +415,7 @@ class WaitScanner(Periodic):
                     rows = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
                     expanded = await fetch_async(conn, expand_stmt([run_id]))
                     completed, ended, more = parse_completed([[], rows, expanded])
-                    finished |= ended
+                    finished |= ended | await self._end_children(conn, ended)
                     woken |= more
                     changed += len(completed)
                 else:
@@ -408,14 +428,18 @@ class WaitScanner(Periodic):
                         finished=finished,
                     )
         async with self._pool.connection() as conn:
-            orphans = await fetch_async(
+            orphaned = await fetch_async(
                 conn, Stmt(Q.steps_orphaned_children, {"limit": self._batch})
             )
-            for (child_id,) in orphans:
-                outcome = await batch_async(conn, cancel_stmts(child_id), transaction=True)
+            for (parent_id,) in orphaned:  # each parent locked, then rechecked
+                lock = Stmt(Q.runs_lock, {"run_ids": int_array([parent_id])})
+                outcome = await batch_async(
+                    conn, [lock, cancel_children_stmt([parent_id])], transaction=True
+                )
                 if outcome[-1]:
-                    log.info("child run %d cancelled: its parent node ended", child_id)
-                    finished.add(child_id)
-                    changed += 1
+                    cancelled = [row[1] for row in outcome[-1]]
+                    log.info("child runs %s cancelled: their parent ended", cancelled)
+                    finished.update(cancelled)
+                    changed += len(cancelled)
         self._announce(finished, woken)
         return changed

@@ -94,6 +94,7 @@ class Queries:
     runs_retry: LiteralString
     runs_read_committed: LiteralString
     runs_cancel: LiteralString
+    runs_cancel_children: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString
     runs_purge: LiteralString

@@ -245,6 +245,66 @@ FROM cancelled_run
 WHERE cancelled_run.id = %(run_id)s;
 
 
+-- name: runs_cancel_children
+-- A run that ends cancels its active child runs in the same transaction, and the same
+-- way every active run below them (theirs, ...; idx_runs_parent), with their active
+-- steps (error_kind 'parent_ended'). %(ended_runs)s are parent runs this transaction
+-- holds (runs_lock, or SKIP LOCKED); a child run of one of them is cancelled when that
+-- parent is terminal or gone (rows from before this rule) or when the child node that
+-- started it ended without completing (fail-fast, a cancelled branch). Runs after the
+-- statements that ended the parents, in their transaction: it sees them. The child runs
+-- are locked here in id order, after their parents (a child's id is larger): the order
+-- of every writer. Rows, shaped like those of steps_complete_dag for parse_completed:
+-- one per run cancelled (no step id, run_finished true), to announce on
+-- cyclone_run_done after the commit. Nothing to cancel costs one index probe per run.
+WITH RECURSIVE tree (id) AS (
+    SELECT c.id
+    FROM cyclone_runs c
+    LEFT JOIN cyclone_runs p ON p.id = c.parent_run_id
+    LEFT JOIN cyclone_steps n ON n.run_id = c.parent_run_id AND n.node = c.parent_node_id
+    WHERE c.parent_run_id = ANY(%(ended_runs)s::bigint[])
+      AND (p.id IS NULL
+           OR p.state IN ('completed', 'failed', 'cancelled')
+           OR n.state IN ('cancelled', 'discarded'))
+    UNION
+    SELECT c.id
+    FROM tree t
+    JOIN cyclone_runs c ON c.parent_run_id = t.id
+), locked AS MATERIALIZED (
+    -- by primary key (= ANY of an array): never a scan of the active runs
+    SELECT r.id
+    FROM cyclone_runs r
+    WHERE r.id = ANY(ARRAY(SELECT id FROM tree))
+      AND r.state IN ('running', 'paused')
+    ORDER BY r.id
+    FOR UPDATE
+), cancelled_run AS (
+    UPDATE cyclone_runs r
+    SET state = 'cancelled',
+        finished_at = now(),
+        updated_at = now()
+    FROM locked
+    WHERE r.id = locked.id
+      AND r.state IN ('running', 'paused')
+    RETURNING r.id, r.parent_run_id, r.parent_node_id
+), cancelled_steps AS (
+    UPDATE cyclone_steps s
+    SET state = 'cancelled',
+        completed_at = now(),
+        lease_owner = NULL,
+        lease_expiry = NULL,
+        error = 'parent ended: node ' || c.parent_node_id || ' of run ' || c.parent_run_id,
+        error_kind = 'parent_ended'
+    FROM cancelled_run c
+    WHERE s.run_id = c.id
+      AND s.state NOT IN ('completed', 'discarded', 'cancelled')
+    RETURNING s.id
+)
+SELECT NULL::bigint AS id, c.id AS run_id, true AS run_finished, NULL::text[] AS woken
+FROM cancelled_run c
+ORDER BY c.id;
+
+
 -- name: runs_get
 -- One run with its result (the output of result_node once completed) and its error
 -- (once failed: "result node cancelled" when a contained failure cancelled the result
@@ -532,9 +592,24 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 -- retention when every one of its steps has a retention and has outlived it (a step
 -- with no retention keeps its run forever), or, when older_than_us is given, when it
 -- finished at least that long ago whatever its retention. A terminal child run stays
--- while its parent run is running or paused. Never a non-terminal run: the state is
--- rechecked under the row lock, and a run another transaction holds is skipped.
-WITH doomed AS (
+-- while its parent run is running or paused, and a terminal run stays while a run
+-- below it (a child run, its child, ...) is running or paused: it links that run to the
+-- tree (rows from before a parent cancelled its children on ending; the orphan scanner
+-- cancels them). Those runs are found once per batch by walking up from the active
+-- child runs (idx_runs_parent, then primary keys), never per candidate. Never a
+-- non-terminal run: the state is rechecked under the row lock, and a run another
+-- transaction holds is skipped.
+WITH RECURSIVE above_live (id) AS (
+    SELECT c.parent_run_id
+    FROM cyclone_runs c
+    WHERE c.parent_run_id IS NOT NULL
+      AND c.state IN ('running', 'paused')
+    UNION
+    SELECT p.parent_run_id
+    FROM above_live a
+    JOIN cyclone_runs p ON p.id = a.id
+    WHERE p.parent_run_id IS NOT NULL
+), doomed AS (
     SELECT r.id
     FROM cyclone_runs r
     WHERE r.state IN ('completed', 'failed', 'cancelled')
@@ -553,6 +628,7 @@ WITH doomed AS (
           FROM cyclone_runs p
           WHERE p.id = r.parent_run_id
             AND p.state IN ('running', 'paused'))
+      AND NOT EXISTS (SELECT 1 FROM above_live a WHERE a.id = r.id)
     ORDER BY r.id
     LIMIT %(limit)s
     FOR UPDATE OF r SKIP LOCKED

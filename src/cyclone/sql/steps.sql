@@ -811,14 +811,21 @@ RETURNING id;
 
 
 -- name: steps_orphaned_children
--- Child runs still active whose parent node ended without completing (the parent failed
--- fast, passed its deadline, or its branch was cancelled): the scanner cancels them.
-SELECT c.id
+-- A backstop for child runs left active when their parent ended (rows written before a
+-- parent cancelled its children on ending, or a child started in a race with the end):
+-- the parent runs of active child runs whose parent node ended without completing,
+-- whose parent run is terminal, or whose parent run is gone (purged). The scanner
+-- locks each parent and cancels its children with runs_cancel_children, which
+-- rechecks all of this under the lock.
+SELECT DISTINCT c.parent_run_id
 FROM cyclone_runs c
-JOIN cyclone_steps s ON s.run_id = c.parent_run_id AND s.node = c.parent_node_id
+LEFT JOIN cyclone_runs p ON p.id = c.parent_run_id
+LEFT JOIN cyclone_steps s ON s.run_id = c.parent_run_id AND s.node = c.parent_node_id
 WHERE c.parent_run_id IS NOT NULL
   AND c.state IN ('running', 'paused')
-  AND s.state IN ('cancelled', 'discarded')
+  AND (p.id IS NULL
+       OR p.state IN ('completed', 'failed', 'cancelled')
+       OR s.state IN ('cancelled', 'discarded'))
 LIMIT %(limit)s;
 
 
