@@ -51,7 +51,7 @@ from cyclone.errors import (
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.monitor import QueueStats, queue_stats_async
-from cyclone.notify import Listener, Publisher, runs_done_statement, wakeup_statement
+from cyclone.notify import Listener, Publisher
 from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, check_text, seconds
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
@@ -120,7 +120,10 @@ class Client:
         notify: LISTEN for wakeups (default True). False: poll only; still publishes.
         notify_coalesce: the wakeup window per queue (default 0.001 s): a queue not
             announced within the window is announced at once, later requests in the
-            window fold into one NOTIFY at its end. 0: one NOTIFY per request.
+            window fold into one NOTIFY at its end. 0: no window (requests made while a
+            NOTIFY is in flight still fold into the next one). Every NOTIFY is sent after
+            the commit of what it announces, by a background task; one that fails is
+            logged, never raised to the caller.
         max_reclaims: reclaims a step may take before it is discarded with
             ``reclaim_limit`` (default 5).
         tx_slots: completion transactions open at once (default: the total of slots).
@@ -640,18 +643,12 @@ class Client:
     async def _insert(
         self, conn: psycopg.AsyncConnection[Any], stmt: Stmt, queue: str
     ) -> list[tuple[Any, ...]]:
-        """Run an insert in its own transaction, and announce its queue after commit.
+        """Run one insert in its own transaction, then announce its queue.
 
-        When the publisher says this queue's wakeup is due now (its leading edge), the
-        NOTIFY follows the COMMIT in the same message: one round trip for both.
-        Otherwise the insert runs alone (a prepared statement) and the wakeup is folded
-        into the publisher's next one for the queue.
+        The wakeup goes through the publisher after the commit (at once when the queue's
+        window is over, its leading edge), so a failing NOTIFY is logged by the
+        publisher and never raised here.
         """
-        assert self._publisher is not None
-        if conn.autocommit and self._publisher.lead(queue):
-            wakeup = wakeup_statement((queue,), ())
-            after = [wakeup] if wakeup else []
-            return (await batch_async(conn, [stmt], transaction=True, after=after))[0]
         rows = await fetch_async(conn, stmt)
         if not conn.autocommit:
             await conn.commit()
@@ -844,12 +841,12 @@ class Client:
         """
         run_id = run_id_of(run)
         async with self._engine_connection() as conn:
-            rows = await batch_async(
-                conn, cancel_stmts(run_id), transaction=True, after=[runs_done_statement([run_id])]
-            )
+            rows = await batch_async(conn, cancel_stmts(run_id), transaction=True)
         if not rows[-1]:
             current = await self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")
+        assert self._publisher is not None
+        self._publisher.run_done((run_id,))
 
     async def pause(self, run: RunRef) -> None:
         """Pause a running run: no new step of it is claimed; running steps finish.

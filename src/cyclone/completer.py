@@ -4,8 +4,9 @@ decisions.md, Who claims what: completions of steps without ``completion_tx()`` 
 written many per transaction, each row with its own CAS on state, owner and lease
 generation. A batch goes out as soon as the previous one is written (up to two in
 flight), so a lone completion is not delayed and a busy worker folds many into one
-transaction. Runs that end are announced on ``cyclone_run_done`` by a statement after
-the COMMIT of the same message (child runs the batch cancelled, through the publisher).
+transaction. Runs that end are handed to ``finished`` (the publisher's ``run_done``)
+after the commit, so a NOTIFY that fails can never turn a committed completion into a
+failed one.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import batch_async
-from cyclone.notify import runs_done_statement
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.transitions import Claimed, complete_stmts, parse_completed
 
@@ -42,7 +42,7 @@ class Completer:
     ) -> None:
         self._pool = pool
         self._woken = woken
-        self._ended = ended  # announces runs ended beyond the batch's (child runs)
+        self._ended = ended  # announces, after the commit, every run the batch ended
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
         self._ready = asyncio.Event()
@@ -92,11 +92,10 @@ class Completer:
         self, batch: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]]
     ) -> None:
         stmts = complete_stmts([(step, output) for step, output, _ in batch])
-        announce = [runs_done_statement({step.run_id for step, _, _ in batch})]
         for attempt in range(WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
-                    rows = await batch_async(conn, stmts, transaction=True, after=announce)
+                    rows = await batch_async(conn, stmts, transaction=True)
                 break
             except psycopg.OperationalError as exc:  # the connection or the server
                 if attempt == WRITE_RETRIES - 1:
@@ -121,9 +120,8 @@ class Completer:
         done, finished, woken = parse_completed(rows)
         if woken:
             self._woken(woken)
-        cancelled = finished - {step.run_id for step, _, _ in batch}
-        if cancelled:  # child runs runs_cancel_children cancelled: not in the announce
-            self._ended(cancelled)
+        if finished:  # the batch's runs, and child runs runs_cancel_children cancelled
+            self._ended(finished)
         for step, _, future in batch:
             if not future.done():
                 future.set_result((step.id in done, step.run_id in finished))

@@ -10,10 +10,10 @@ async paths cannot drift apart (style.md, Keep I/O out of the core).
 A batch is sent as one multi-statement query (parameters bound by psycopg's client
 cursor): one message, one round trip, and far less work in Python than a pipeline of
 prepared statements. With ``transaction=True`` it is ``BEGIN; ...; COMMIT`` on an
-autocommit connection. Statements given as ``after`` follow the ``COMMIT`` in the same
-message, in a transaction of their own: that is how wakeups are sent after (never
-inside) the transaction they announce, at no extra round trip. They cannot fail on a
-full notification queue (the wakeup statements check it first; polling is the floor).
+autocommit connection. Nothing follows the ``COMMIT`` in the message: psycopg raises for
+the whole message when any statement in it fails, so a statement after the commit could
+turn committed work into an error for the caller. Wakeups go out afterwards, on their
+own (:mod:`cyclone.notify`), and their failure is only logged.
 """
 
 from __future__ import annotations
@@ -86,37 +86,28 @@ def _layout(
     stmts: Sequence[Stmt],
     *,
     transaction: bool = False,
-    after: Sequence[Stmt] = (),
     path: Stmt | None = None,
 ) -> tuple[list[Stmt], list[int]]:
     """The statements of one message, and where the results of ``stmts`` are in it.
 
-    ``BEGIN`` / ``COMMIT`` around ``stmts`` with ``transaction``, ``after`` behind; with
-    ``path`` (the schema statement of a connection pinned by :func:`pin_search_path`),
-    that statement at the start of each transaction (after a leading ``SET
-    TRANSACTION``, which must come first).
+    ``BEGIN`` / ``COMMIT`` around ``stmts`` with ``transaction`` (the ``COMMIT`` last:
+    nothing follows it in the message); with ``path`` (the schema statement of a
+    connection pinned by :func:`pin_search_path`), that statement at the start of the
+    transaction (after a leading ``SET TRANSACTION``, which must come first).
     """
-    if after and not transaction:
-        raise RuntimeError("statements after commit need a transactional batch")
     out: list[Stmt] = []
     where: list[int] = []
-
-    def part(items: Sequence[Stmt], keep: bool) -> None:
-        pending = path
-        for stmt in items:
-            if pending is not None and not stmt.sql.startswith("SET TRANSACTION"):
-                out.append(pending)
-                pending = None
-            if keep:
-                where.append(len(out))
-            out.append(stmt)
-
+    pending = path
     if transaction:
         out.append(_BEGIN_STMT)
-    part(stmts, True)
+    for stmt in stmts:
+        if pending is not None and not stmt.sql.startswith("SET TRANSACTION"):
+            out.append(pending)
+            pending = None
+        where.append(len(out))
+        out.append(stmt)
     if transaction:
         out.append(_COMMIT_STMT)
-        part(after, False)
     return out, where
 
 
@@ -202,18 +193,17 @@ async def batch_async(
     stmts: Sequence[Stmt],
     *,
     transaction: bool,
-    after: Sequence[Stmt] = (),
 ) -> list[Rows]:
     """Run statements as one multi-statement query; the rows of each, in order.
 
     One message and one round trip. With ``transaction=True`` the connection must be in
-    autocommit mode and the statements run between ``BEGIN`` and ``COMMIT``; the
-    ``after`` statements then run in a transaction of their own. Without it they join
-    the connection's current transaction (a caller's, or a completion transaction).
+    autocommit mode and the statements run between ``BEGIN`` and ``COMMIT`` (the last
+    statement of the message). Without it they join the connection's current
+    transaction (a caller's, or a completion transaction).
     """
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
-    wrapped, where = _layout(stmts, transaction=transaction, after=after, path=_PINNED.get(conn))
+    wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
     results: list[Rows] = []
     async with psycopg.AsyncClientCursor(conn) as cur:
         await cur.execute(*script(wrapped))
@@ -228,12 +218,11 @@ def batch_sync(
     stmts: Sequence[Stmt],
     *,
     transaction: bool,
-    after: Sequence[Stmt] = (),
 ) -> list[Rows]:
     """The synchronous twin of :func:`batch_async`."""
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
-    wrapped, where = _layout(stmts, transaction=transaction, after=after, path=_PINNED.get(conn))
+    wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
     results: list[Rows] = []
     with psycopg.ClientCursor(conn) as cur:
         cur.execute(*script(wrapped))

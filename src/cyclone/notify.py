@@ -8,8 +8,11 @@ engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
   ``wait``.
 
 A notification is always sent in its own transaction after the work it announces has
-committed, never inside it. Publication is best effort: polling at ``poll_interval`` is
-the correctness floor, so a lost or failed NOTIFY delays work by one poll, never loses it.
+committed, never inside it, and never in the same message as that work's ``COMMIT``:
+a NOTIFY that fails (no right to ``pg_notify``, an I/O error on the notification queue)
+is logged and nothing else, so a caller never sees an error raised after its transaction
+committed. Publication is best effort: polling at ``poll_interval`` is the correctness
+floor, so a lost or failed NOTIFY delays work by one poll, never loses it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, fetch_async, fetch_sync, int_array
+from cyclone.dbio import Stmt, fetch_async, fetch_sync
 from cyclone.sql import Q
 
 __all__ = [
@@ -35,7 +38,6 @@ __all__ = [
     "Listener",
     "Publisher",
     "publish_sync",
-    "runs_done_statement",
     "runs_in_payload",
     "wakeup_statement",
 ]
@@ -91,38 +93,45 @@ def runs_in_payload(payload: str) -> list[int]:
     return [r for r in runs if isinstance(r, int) and not isinstance(r, bool)]
 
 
-def runs_done_statement(run_ids: Iterable[int]) -> Stmt:
-    """``notify_runs_done`` for ``run_ids`` (at most ``MAX_RUNS_PER_NOTIFY``)."""
-    return Stmt(Q.notify_runs_done, {"run_ids": int_array(run_ids)})
-
-
 MAX_RUNS_PER_NOTIFY = 300
-"""Run ids one ``notify_runs_done`` may carry and stay under the payload limit."""
+"""Run ids one ``cyclone_run_done`` payload carries at most (the completer's batch cap)."""
 
 
 def publish_sync(
     conn: psycopg.Connection[Any], queues: Iterable[str], run_ids: Iterable[int]
 ) -> None:
-    """Send wakeups now on an autocommit connection (its own transaction)."""
+    """Send wakeups now, in a transaction of their own, after the caller's commit.
+
+    ``conn`` must be idle (autocommit, or its transaction committed). A failure is
+    logged, never raised: what the wakeup announces has committed already. On a
+    connection in transaction mode the wakeup is committed (or rolled back) here.
+    """
     stmt = wakeup_statement(queues, run_ids)
-    if stmt is not None:
-        try:
-            fetch_sync(conn, stmt)
-        except psycopg.Error as exc:
-            log.warning("wakeup not published (polling will find the work): %s", exc)
+    if stmt is None:
+        return
+    try:
+        fetch_sync(conn, stmt)
+        if not conn.autocommit:
+            conn.commit()
+    except psycopg.Error as exc:
+        log.warning("wakeup not published (polling will find the work): %s", exc)
+        if not conn.autocommit and not conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
 
 
 class Publisher:
     """Sends wakeups from a background task: at most one per queue per window.
 
     ``coalesce`` seconds is the window. A queue not announced within the last window is
-    announced at once (the leading edge: an enqueue carries that NOTIFY in the same
-    message as its insert, after its COMMIT, see :meth:`lead`); requests inside the
-    window fold into one wakeup at its end (the trailing edge, still after every commit
-    it announces). A lone enqueue therefore wakes workers at once, and a busy producer
-    sends a few NOTIFYs per window instead of one per job. Requests that arrive while a
-    NOTIFY is in flight also fold into the next one. :meth:`available` and
-    :meth:`run_done` never block and never fail.
+    announced at once (the leading edge: the task sends it as soon as it is asked);
+    requests inside the window fold into one wakeup at its end (the trailing edge).
+    Callers ask only after the commit of what they announce, so every NOTIFY follows
+    that commit, on a connection of the task's own. A lone enqueue therefore wakes
+    workers at once, and a busy producer sends a few NOTIFYs per window instead of one
+    per job. Requests that arrive while a NOTIFY is in flight also fold into the next
+    one. :meth:`available` and :meth:`run_done` never block and never fail; a NOTIFY
+    that fails is logged (polling finds the work).
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, coalesce: float = 0.0) -> None:
@@ -142,16 +151,6 @@ class Publisher:
         """Start the sending task on the running loop."""
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="cyclone-publisher")
-
-    def lead(self, queue: str) -> bool:
-        """True if the caller should send the wakeup of ``queue`` itself, right after
-        its commit (nothing was announced for the queue within the window); it then
-        counts as sent now."""
-        now = asyncio.get_running_loop().time()
-        if now - self._last.get(queue, -math.inf) >= self._coalesce:
-            self._last[queue] = now
-            return True
-        return False
 
     def available(self, queues: Iterable[str]) -> None:
         """Announce (after commit) that work became claimable in ``queues``."""
@@ -177,7 +176,8 @@ class Publisher:
         self.available(later)
 
     def run_done(self, run_ids: Iterable[int]) -> None:
-        """Announce that runs became terminal."""
+        """Announce (after commit) that runs became terminal (not coalesced: ``wait``
+        callers wake on them)."""
         self._runs.update(run_ids)
         self._kick()
 

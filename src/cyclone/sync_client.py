@@ -30,13 +30,7 @@ from cyclone.errors import (
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema, migrate
 from cyclone.monitor import QueueStats, queue_stats_sync
-from cyclone.notify import (
-    RUN_DONE,
-    publish_sync,
-    runs_done_statement,
-    runs_in_payload,
-    wakeup_statement,
-)
+from cyclone.notify import RUN_DONE, publish_sync, runs_in_payload
 from cyclone.options import HOUR, Duration, check_text, seconds
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
@@ -209,12 +203,11 @@ class SyncClient:
     def _publish(
         self, conn: psycopg.Connection[Any], queues: Iterable[str], runs: Iterable[int]
     ) -> None:
-        if conn.autocommit:
-            publish_sync(conn, queues, runs)
-        else:  # a user's pool in transaction mode: finish its transaction first
+        """Send wakeups after the commit of what they announce, in a round trip and a
+        transaction of their own; a failure is logged, never raised."""
+        if not conn.autocommit:  # a user's pool in transaction mode: finish its transaction
             conn.commit()
-            with conn.transaction():
-                publish_sync(conn, queues, runs)
+        publish_sync(conn, queues, runs)
 
     # -- producers -----------------------------------------------------------------
 
@@ -248,13 +241,9 @@ class SyncClient:
     def _insert(
         self, conn: psycopg.Connection[Any], stmt: Stmt, queue: str
     ) -> list[tuple[Any, ...]]:
-        """Run an insert in its own transaction; its wakeup follows the commit."""
-        if conn.autocommit:
-            wakeup = wakeup_statement((queue,), ())
-            return batch_sync(conn, [stmt], transaction=True, after=[wakeup] if wakeup else [])[0]
-        rows = fetch_sync(conn, stmt)  # a pool in transaction mode: commit, then announce
-        conn.commit()
-        self._publish(conn, (queue,), ())
+        """Run one insert in its own transaction; its wakeup follows the commit."""
+        rows = fetch_sync(conn, stmt)
+        self._publish(conn, (queue,), ())  # commits first on a pool in transaction mode
         return rows
 
     def enqueue_tx(
@@ -437,13 +426,12 @@ class SyncClient:
         run_id = run_id_of(run)
         with self._connection() as conn:
             if conn.autocommit:
-                announce = [runs_done_statement([run_id])]
-                rows = batch_sync(conn, cancel_stmts(run_id), transaction=True, after=announce)
+                rows = batch_sync(conn, cancel_stmts(run_id), transaction=True)
             else:
                 with conn.transaction():
                     rows = batch_sync(conn, cancel_stmts(run_id), transaction=False)
-                if rows[-1]:
-                    self._publish(conn, (), (run_id,))
+            if rows[-1]:
+                self._publish(conn, (), (run_id,))
         if not rows[-1]:
             current = self.get_run(run_id)
             raise StateError(f"run {run_id} is already {current.state.value}")

@@ -35,7 +35,7 @@ from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.handlers import Handler
 from cyclone.inputs import InputError, OutputCache, assemble, needed
-from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher, runs_done_statement
+from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
@@ -666,8 +666,7 @@ class Worker:
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step
         stmts, transaction = failure_stmts(step, failure)
-        announce = [runs_done_statement([step.run_id])] if failure.discard else []
-        rows = await self._write(stmts, transaction=transaction, after=announce)
+        rows = await self._write(stmts, transaction=transaction)
         if rows is None:
             return
         if failure.discard and step.has_children:  # child runs runs_cancel_children ended
@@ -677,6 +676,7 @@ class Worker:
             return
         if failure.discard:
             log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
+            self._publisher.run_done((step.run_id,))  # after the commit; wait() rechecks
         else:
             # Nothing announces the end of a backoff: wake this queue then ourselves.
             asyncio.get_running_loop().call_later(failure.delay, self.wake, step.queue)
@@ -689,14 +689,12 @@ class Worker:
                 failure.error,
             )
 
-    async def _write(
-        self, stmts: list[Stmt], *, transaction: bool, after: list[Stmt]
-    ) -> list[Any] | None:
+    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
         """Run engine statements with retries; ``None`` if they could not be written."""
         for attempt in range(WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
-                    return await batch_async(conn, stmts, transaction=transaction, after=after)
+                    return await batch_async(conn, stmts, transaction=transaction)
             except Exception as exc:
                 log.warning("engine write failed (attempt %d): %s", attempt + 1, exc)
                 await asyncio.sleep(error_backoff(attempt))

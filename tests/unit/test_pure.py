@@ -117,18 +117,16 @@ def test_public_names_report_the_cyclone_module() -> None:
     assert not issubclass(cyclone.LeaseLost, Exception)
 
 
-def test_wakeups_follow_the_commit_of_what_they_announce() -> None:
-    """The NOTIFY statements of a batch come after its COMMIT, never inside."""
+def test_a_transactional_batch_ends_with_its_commit() -> None:
+    """Nothing follows the COMMIT in a batch's message (with the schema statement of a
+    pooled connection or without): a statement there that failed would make psycopg
+    raise for work that has committed."""
     from cyclone.dbio import Stmt, _layout, script
-    from cyclone.notify import runs_done_statement, wakeup_statement
 
     work = Stmt(Q.steps_enqueue, {"kind": "k"})
-    wakeup = wakeup_statement(["default"], [])
-    assert wakeup is not None
-    query, _ = script(
-        _layout([work], transaction=True, after=[wakeup, runs_done_statement([1])])[0]
-    )
-    commit = query.index("COMMIT", query.index("INSERT"))  # not the BEGIN's READ COMMITTED
-    assert query.index("BEGIN") < query.index("INSERT") < commit
-    assert commit < query.index("pg_notify('cyclone_available'")
-    assert commit < query.index("pg_notify('cyclone_run_done'")
+    path = Stmt("SELECT set_config('search_path', 'x', true)")
+    for pinned in (None, path):
+        query, _ = script(_layout([work], transaction=True, path=pinned)[0])
+        assert query.startswith("BEGIN")
+        assert query.endswith("COMMIT")
+        assert "pg_notify" not in query

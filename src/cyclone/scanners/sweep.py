@@ -18,7 +18,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
-from cyclone.notify import Publisher, runs_done_statement
+from cyclone.notify import Publisher
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
@@ -78,16 +78,13 @@ class Sweeper(Periodic):
                 max_reclaims=self.max_reclaims,
             )
             async with self._pool.connection() as conn:
-                if is_discard:
-                    announce = [runs_done_statement([run_id])]
-                    result = await batch_async(conn, stmts, transaction=True, after=announce)
-                else:
-                    result = await batch_async(conn, stmts, transaction=False)
+                result = await batch_async(conn, stmts, transaction=is_discard)
             if is_discard:
                 self._publisher.run_done(row[1] for row in result[-1])  # child runs ended
                 if result[1]:
                     discarded += 1
                     log.warning("step %d discarded: reclaim limit reached", step_id)
+                    self._publisher.run_done((run_id,))
             elif result[0]:
                 reclaimed += 1
                 log.info(

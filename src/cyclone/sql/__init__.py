@@ -120,7 +120,6 @@ class Queries:
     # notify.sql
     notify_publish: LiteralString
     notify_available: LiteralString
-    notify_runs_done: LiteralString
     notify_listen: LiteralString
     notify_listen_done: LiteralString
     # migrate.sql

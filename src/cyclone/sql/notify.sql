@@ -1,8 +1,9 @@
 -- Statements of the wakeup channels (engine-design, LISTEN/NOTIFY and the Polling Floor).
 -- Channels: cyclone_available (payload {"queue": ...}) and cyclone_run_done (payload
 -- {"runs": [...]}). Always sent in their own transaction, after the work they announce
--- has committed. Skipped while the server's notification queue is over half full, so
--- a stuck listener can never make them fail: polling is the floor.
+-- has committed, and never in the message of its COMMIT: a NOTIFY that fails must not
+-- turn committed work into an error. Skipped while the server's notification queue is
+-- over half full, so a stuck listener cannot fill it further: polling is the floor.
 
 
 -- name: notify_publish
@@ -16,17 +17,6 @@ WHERE pg_notification_queue_usage() < 0.5;
 -- Announce one queue (the common case: a prepared statement with one parameter).
 SELECT pg_notify('cyclone_available', %(payload)s)
 WHERE pg_notification_queue_usage() < 0.5;
-
-
--- name: notify_runs_done
--- Announce which of the given runs are terminal now. Sent after the transaction that
--- ended them (as a statement after its COMMIT), so a listener that wakes sees them.
-SELECT pg_notify('cyclone_run_done', json_build_object('runs', array_agg(id ORDER BY id))::text)
-FROM cyclone_runs
-WHERE id = ANY(%(run_ids)s::bigint[])
-  AND state IN ('completed', 'failed', 'cancelled')
-  AND pg_notification_queue_usage() < 0.5
-HAVING count(*) > 0;
 
 
 -- name: notify_listen
