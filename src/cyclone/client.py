@@ -25,7 +25,7 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Self, Unpack
+from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
@@ -34,6 +34,7 @@ from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import (
+    Plan,
     Stmt,
     batch_async,
     fetch_async,
@@ -58,6 +59,7 @@ from cyclone.producer import (
     EnqueueOptions,
     KindTarget,
     ManyOptions,
+    enqueue_many_plan,
     enqueue_many_stmt,
     enqueue_plan,
     enqueue_stmt,
@@ -85,6 +87,7 @@ from cyclone.workflow import Workflow
 __all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "Client"]
 
 log = logging.getLogger("cyclone.client")
+T = TypeVar("T")
 
 ENGINE_RESERVE = 6
 """Connections kept for the engine: the lease pool, the engine pool and LISTEN."""
@@ -620,22 +623,30 @@ class Client:
             kind: the handler or the kind's name (a producer need not import handlers).
             input: the step's input, a JSON value (or a dataclass / pydantic model).
             **options: ``queue``, ``priority``, ``scheduled_at`` (aware datetime, or a
-                ``timedelta`` from the database's now()), ``max_attempts``, ``timeout``,
-                ``unique_key``, ``sequence_key``, ``retention``.
+                ``timedelta`` or seconds from the database's now()), ``max_attempts``,
+                ``timeout``, ``unique_key``, ``submit_key``, ``sequence_key``,
+                ``retention`` (:class:`cyclone.producer.EnqueueOptions`).
 
         Returns:
             An :class:`Enqueued`; ``duplicate=True`` when a live step of the kind
-            already holds ``unique_key`` (its run is returned, nothing is written).
+            already holds ``unique_key``, or a run of the kind (in any state, until it
+            is purged) holds ``submit_key``: that run is returned, nothing is written
+            and no wakeup is sent.
 
         Raises:
-            ValidationError: a bad kind, input or option; nothing is written.
+            ValidationError: a bad kind, input or option, or ``unique_key`` together
+                with ``submit_key``; nothing is written.
+            StateError: the key kept changing hands, or a workflow run of the kind's
+                name holds the submit key.
         """
         request = self.config.request(kind, input, **options)
         async with self._connection() as conn:
-            if request.unique_key is None:
+            if request.unique_key is None and request.submit_keys is None:
                 rows = await self._insert(conn, enqueue_stmt(request), request.queue)
                 return enqueued_from_rows(rows)[0]
-            result = await run_plan_async(conn, enqueue_plan(request))
+            result = await _own_transaction(
+                conn, enqueue_plan(request), keyed=request.submit_keys is not None
+            )
         if not result.duplicate:
             self._announce(request.queue)
         return result
@@ -669,32 +680,52 @@ class Client:
         """:meth:`enqueue` inside the caller's transaction on ``conn``.
 
         The run exists once the caller commits and is gone if it rolls back. No wakeup
-        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`).
+        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`)
+        and the run is new. With ``submit_key``, a run that holds the key and committed
+        (or was written earlier in this transaction) is returned with ``duplicate=True``.
 
         Raises:
             ValidationError: a bad value, or ``conn`` is not an ``AsyncConnection`` in a
                 transaction (autocommit, closed or failed).
+            StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, input, **options)
         self.config.check_tx_conn(conn, psycopg.AsyncConnection)
         result = await run_plan_async(conn, enqueue_plan(request))
-        self.config.track(conn, (request.queue,))
+        if not result.duplicate:
+            self.config.track(conn, (request.queue,))
         return result
 
     async def enqueue_many(
         self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> list[Enqueued]:
-        """Enqueue one standalone run per input, with shared options, in one statement.
+        """Enqueue one standalone run per input, with shared options, in one transaction.
 
-        Takes the options of :meth:`enqueue` except ``unique_key``. Returns the handles
-        in input order.
+        Takes the options of :meth:`enqueue` except ``unique_key`` and ``submit_key``;
+        ``submit_keys`` gives one submit key per input instead (``None`` for an input
+        without one; no two alike).
+
+        Returns:
+            The handles in input order; ``duplicate=True`` (and the existing run's ids)
+            for each input whose submit key a run of the kind already holds. Only new
+            runs are written; a call that writes none sends no wakeup.
+
+        Raises:
+            ValidationError: a bad kind, input or option, or bad ``submit_keys`` (not
+                one per input, a bad key, a key given twice); nothing is written.
+            StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, inputs, many=True, **options)
         if not inputs:
             return []
         async with self._connection() as conn:
-            rows = await self._insert(conn, enqueue_many_stmt(request), request.queue)
-        return enqueued_from_rows(rows)
+            if request.submit_keys is None:
+                rows = await self._insert(conn, enqueue_many_stmt(request), request.queue)
+                return enqueued_from_rows(rows)
+            handles = await _own_transaction(conn, enqueue_many_plan(request), keyed=True)
+        if not all(handle.duplicate for handle in handles):
+            self._announce(request.queue)
+        return handles
 
     async def enqueue_many_tx(
         self,
@@ -703,14 +734,21 @@ class Client:
         inputs: Sequence[Any],
         **options: Unpack[ManyOptions],
     ) -> list[Enqueued]:
-        """:meth:`enqueue_many` inside the caller's transaction on ``conn``."""
+        """:meth:`enqueue_many` inside the caller's transaction on ``conn`` (see
+        :meth:`enqueue_tx`).
+
+        Raises:
+            ValidationError: as :meth:`enqueue_many` and :meth:`enqueue_tx`.
+            StateError: as :meth:`enqueue`.
+        """
         request = self.config.request(kind, inputs, many=True, **options)
         self.config.check_tx_conn(conn, psycopg.AsyncConnection)
         if not inputs:
             return []
-        rows = await fetch_async(conn, enqueue_many_stmt(request))
-        self.config.track(conn, (request.queue,))
-        return enqueued_from_rows(rows)
+        handles = await run_plan_async(conn, enqueue_many_plan(request))
+        if not all(handle.duplicate for handle in handles):
+            self.config.track(conn, (request.queue,))
+        return handles
 
     async def submit(
         self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
@@ -1124,6 +1162,24 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
+
+
+async def _own_transaction(conn: psycopg.AsyncConnection[Any], plan: Plan[T], *, keyed: bool) -> T:
+    """Run a producer's plan in a transaction of its own on ``conn``, committed here.
+
+    A keyed plan (submit keys) may take more than one statement (the insert, then the
+    lookup of keys taken meanwhile, perhaps an insert again): on an autocommit
+    connection it runs inside one transaction. A ``unique_key`` plan runs statement by
+    statement: each of its inserts is complete alone, and its lookups only read.
+    """
+    if conn.autocommit:
+        if not keyed:
+            return await run_plan_async(conn, plan)
+        async with conn.transaction():
+            return await run_plan_async(conn, plan)
+    result = await run_plan_async(conn, plan)
+    await conn.commit()
+    return result
 
 
 def _split_handler_pools(

@@ -24,7 +24,14 @@ from cyclone.states import RunState
 from cyclone.submit import CompiledWorkflow, SubmitRequest, check_submit_options, compile_workflow
 from cyclone.workflow import Workflow
 
-__all__ = ["ENQUEUE_OPTIONS", "KEEP", "ClientConfig", "WakeupTracker", "list_runs_params"]
+__all__ = [
+    "ENQUEUE_OPTIONS",
+    "KEEP",
+    "MANY_OPTIONS",
+    "ClientConfig",
+    "WakeupTracker",
+    "list_runs_params",
+]
 
 
 class Keep(enum.Enum):
@@ -37,19 +44,13 @@ KEEP = Keep.KEEP
 """``update_schedule``'s default for ``input``: keep the stored input (``None`` is a
 valid input)."""
 
-ENQUEUE_OPTIONS = frozenset(
-    {
-        "queue",
-        "priority",
-        "scheduled_at",
-        "max_attempts",
-        "timeout",
-        "unique_key",
-        "sequence_key",
-        "retention",
-    }
+_SHARED_OPTIONS = frozenset(
+    {"queue", "priority", "scheduled_at", "max_attempts", "timeout", "sequence_key", "retention"}
 )
-"""The keyword options of ``enqueue`` (``enqueue_many`` takes all but ``unique_key``)."""
+ENQUEUE_OPTIONS = _SHARED_OPTIONS | {"unique_key", "submit_key"}
+"""The keyword options of ``enqueue`` (:class:`cyclone.producer.EnqueueOptions`)."""
+MANY_OPTIONS = _SHARED_OPTIONS | {"submit_keys"}
+"""The keyword options of ``enqueue_many`` (:class:`cyclone.producer.ManyOptions`)."""
 
 
 class WakeupTracker:
@@ -171,12 +172,12 @@ class ClientConfig:
         Raises:
             ValidationError: a bad kind, input or option, or an unknown option name.
         """
-        unknown = set(options) - ENQUEUE_OPTIONS
-        if many and "unique_key" in options:
-            unknown.add("unique_key")
+        allowed = MANY_OPTIONS if many else ENQUEUE_OPTIONS
+        unknown = set(options) - allowed
         if unknown:
-            allowed = sorted(ENQUEUE_OPTIONS - ({"unique_key"} if many else set()))
-            raise ValidationError(f"unknown option(s) {sorted(unknown)}; the options are {allowed}")
+            raise ValidationError(
+                f"unknown option(s) {sorted(unknown)}; the options are {sorted(allowed)}"
+            )
         return EnqueueRequest.build(
             target,
             input,

@@ -122,21 +122,30 @@ class Context:
         """Enqueue a standalone run in this step's completion transaction.
 
         Takes the arguments of ``Client.enqueue``. The run exists only if this step
-        completes; its wakeup is published after that commit. Returns an
-        :class:`cyclone.Enqueued` (an awaitable of one in an ``async def`` handler).
+        completes; its wakeup is published after that commit. With ``submit_key``, a run
+        of the kind that holds the key is returned with ``duplicate=True`` instead (a
+        retried attempt of this step finds the run its own earlier attempt could not
+        commit: none). Returns an :class:`cyclone.Enqueued` (an awaitable of one in an
+        ``async def`` handler).
 
         Raises:
             ValidationError: a bad kind, input or option; nothing is written.
+            StateError: the key kept changing hands.
         """
         request = self._build_request(kind, input, **options)
-        self._wakeups.add(request.queue)
         if self._is_async:
             return self._enqueue_async(request)
-        return run_plan_sync(self._tx.open_sync(), enqueue_plan(request))
+        result = run_plan_sync(self._tx.open_sync(), enqueue_plan(request))
+        if not result.duplicate:
+            self._wakeups.add(request.queue)
+        return result
 
     async def _enqueue_async(self, request: EnqueueRequest) -> Enqueued:
         conn = await self._tx.open_async()
-        return await run_plan_async(conn, enqueue_plan(request))
+        result = await run_plan_async(conn, enqueue_plan(request))
+        if not result.duplicate:
+            self._wakeups.add(request.queue)
+        return result
 
     def submit_completion(
         self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]

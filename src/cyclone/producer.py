@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
@@ -34,24 +34,27 @@ __all__ = [
     "EnqueueRequest",
     "KindTarget",
     "ManyOptions",
+    "enqueue_many_plan",
     "enqueue_many_stmt",
     "enqueue_plan",
     "enqueue_stmt",
     "enqueued_from_rows",
+    "keyed_plan",
 ]
 
 KindTarget = Handler | str
 """What ``enqueue`` accepts as its kind: the handler, or the kind's name."""
 
 
-class ManyOptions(TypedDict, total=False):
-    """The keyword options of ``enqueue_many`` (each overrides the kind's default).
+class _SharedOptions(TypedDict, total=False):
+    """The keyword options ``enqueue`` and ``enqueue_many`` share (each overrides the
+    kind's default).
 
     Attributes:
         queue: queue name (at most 256 bytes).
         priority: higher claims first (int32).
         scheduled_at: when it becomes claimable: an aware datetime, or a ``timedelta``
-            from the database's now().
+            (or seconds) from the database's now().
         max_attempts: failed executions before the step is discarded (>= 1).
         timeout: limit of one execution (``timedelta`` or seconds).
         sequence_key: steps of one key run one at a time, first in first out.
@@ -60,32 +63,56 @@ class ManyOptions(TypedDict, total=False):
 
     queue: str
     priority: int
-    scheduled_at: datetime | timedelta
+    scheduled_at: datetime | Duration
     max_attempts: int
     timeout: Duration
     sequence_key: str
     retention: Duration
 
 
-class EnqueueOptions(ManyOptions, total=False):
-    """The keyword options of ``enqueue``: those of :class:`ManyOptions`, and
-    ``unique_key``: at most one active step of the kind holds it; a live duplicate
-    returns the existing run."""
+class ManyOptions(_SharedOptions, total=False):
+    """The keyword options of ``enqueue_many``: the shared ones, and ``submit_keys``,
+    one submit key per input (``None`` for an input without one); see
+    :class:`EnqueueOptions` for what a key does."""
+
+    submit_keys: Sequence[str | None]
+
+
+class EnqueueOptions(_SharedOptions, total=False):
+    """The keyword options of ``enqueue``: the shared ones, and
+
+    Attributes:
+        unique_key: at most one active step of the kind holds it; a live duplicate
+            returns the existing run (``duplicate=True``). The key is free again when
+            that step finishes.
+        submit_key: submit-once key: while a run of the kind with this key exists (in
+            any state, until it is purged), enqueueing again writes nothing and returns
+            that run (``duplicate=True``). Retry an ambiguous failure with the same key.
+            Not combined with ``unique_key``.
+    """
 
     unique_key: str
+    submit_key: str
 
 
 _UNIQUE_RETRIES = 5
+_KEY_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)
 class EnqueueRequest:
-    """One validated enqueue: the kind, the queue it goes to, the statement parameters."""
+    """One validated enqueue: the kind, the queue it goes to, the statement parameters.
+
+    ``submit_keys`` is ``None`` when no input has a submit key; otherwise one entry per
+    input (``None`` for an input without one), and ``params`` holds ``inputs`` and
+    ``submit_keys`` for ``steps_enqueue_keyed``, even for a single enqueue.
+    """
 
     kind: str
     queue: str
     params: dict[str, Any]
     unique_key: str | None
+    submit_keys: tuple[str | None, ...] | None = None
 
     @classmethod
     def build(
@@ -97,10 +124,12 @@ class EnqueueRequest:
         default_retention: float | None,
         queue: str | None = None,
         priority: int | None = None,
-        scheduled_at: datetime | timedelta | None = None,
+        scheduled_at: datetime | Duration | None = None,
         max_attempts: int | None = None,
         timeout: Duration | None = None,
         unique_key: str | None = None,
+        submit_key: str | None = None,
+        submit_keys: Sequence[str | None] | None = None,
         sequence_key: str | None = None,
         retention: Duration | None = None,
         many: bool = False,
@@ -139,14 +168,21 @@ class EnqueueRequest:
             encoded = encode_json(encode(input), what)
         at: datetime | None = None
         delay: float = 0.0
-        if isinstance(scheduled_at, timedelta):
-            delay = seconds(scheduled_at, "scheduled_at delay", allow_zero=True) or 0.0
-        elif scheduled_at is not None:
+        if isinstance(scheduled_at, datetime):
             at = check_aware(scheduled_at, "scheduled_at")
+        elif scheduled_at is not None:
+            delay = seconds(scheduled_at, "scheduled_at delay", allow_zero=True) or 0.0
         if unique_key is not None:
             check_text(unique_key, "unique_key")
         if sequence_key is not None:
             check_text(sequence_key, "sequence_key")
+        keys = _submit_keys(submit_keys, len(encoded)) if many else _submit_key(submit_key)
+        if keys is not None and unique_key is not None:
+            raise ValidationError(
+                f"unique_key {unique_key!r} and submit_key {submit_key!r} cannot be combined: "
+                "an enqueue checks one of them; give submit_key to make it submit-once "
+                "until the run is purged, or unique_key to deduplicate while a step is active"
+            )
         keep = options.retention if options.retention is not None else default_retention
         params: dict[str, Any] = {
             "kind": kind,
@@ -158,22 +194,80 @@ class EnqueueRequest:
             "timeout_us": micros(options.timeout),
             "sequence_key": sequence_key,
             "retention_us": micros(keep),
-            ("inputs" if many else "input"): encoded,
         }
-        if not many:
+        if keys is not None:
+            params["inputs"] = encoded if many else [encoded]
+            params["submit_keys"] = list(keys)
+        elif many:
+            params["inputs"] = encoded
+        else:
+            params["input"] = encoded
             params["unique_key"] = unique_key
-        return cls(kind=kind, queue=options.queue, params=params, unique_key=unique_key)
+        return cls(
+            kind=kind,
+            queue=options.queue,
+            params=params,
+            unique_key=unique_key,
+            submit_keys=keys,
+        )
+
+
+def _submit_key(key: Any) -> tuple[str | None, ...] | None:
+    """The keys of a single enqueue: ``None``, or the one checked key."""
+    return None if key is None else (check_text(key, "submit_key"),)
+
+
+def _submit_keys(keys: Any, count: int) -> tuple[str | None, ...] | None:
+    """The checked keys of ``enqueue_many``: one per input, no two alike.
+
+    ``None`` when no key is given at all (or every entry is ``None``).
+
+    Raises:
+        ValidationError: not a list, a count other than ``count``, a bad key or a key
+            given twice (named).
+    """
+    if keys is None:
+        return None
+    if isinstance(keys, str | bytes | Mapping) or not isinstance(keys, Sequence):
+        raise ValidationError(f"submit_keys must be a list of keys, got {keys!r}")
+    if len(keys) != count:
+        raise ValidationError(
+            f"submit_keys must give one key (or None) per input: {len(keys)} keys for "
+            f"{count} inputs"
+        )
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is None:
+            continue
+        check_text(key, f"submit_keys[{i}]")
+        if key in seen:
+            raise ValidationError(
+                f"submit_keys repeats {key!r} (at index {seen[key]} and {i}): "
+                "each input needs a key of its own"
+            )
+        seen[key] = i
+    if not seen:
+        return None
+    return tuple(keys)
 
 
 def enqueue_plan(request: EnqueueRequest) -> Plan[Enqueued]:
-    """Insert the run, or find the live step that holds its ``unique_key``.
+    """Insert the run, or find the run that holds its ``submit_key`` or the live step
+    that holds its ``unique_key``.
 
-    A conflict followed by a lookup that finds nothing means the holder finished in
-    between; the insert is tried again, a few times at most.
+    A conflict followed by a lookup that finds nothing means the holder finished (or
+    was purged) in between; the insert is tried again, a few times at most.
 
     Raises:
-        StateError: the unique key kept changing hands across every retry.
+        StateError: the key kept changing hands across every retry, or the submit key
+            is held by a workflow run of the same name.
     """
+    if request.submit_keys is not None:
+        handles = yield from keyed_plan(request)
+        return handles[0]
+    if request.unique_key is None:
+        rows = yield enqueue_stmt(request)
+        return enqueued_from_rows(rows)[0]
     for _ in range(_UNIQUE_RETRIES):
         rows = yield Stmt(Q.steps_enqueue, request.params)
         if rows:
@@ -188,13 +282,77 @@ def enqueue_plan(request: EnqueueRequest) -> Plan[Enqueued]:
     raise StateError(f"unique_key {request.unique_key!r} of kind {request.kind!r} kept changing")
 
 
+def enqueue_many_plan(request: EnqueueRequest) -> Plan[list[Enqueued]]:
+    """Insert every run of a ``many`` request; with submit keys, see :func:`keyed_plan`.
+
+    Raises:
+        StateError: as :func:`keyed_plan`.
+    """
+    if request.submit_keys is not None:
+        return (yield from keyed_plan(request))
+    rows = yield enqueue_many_stmt(request)
+    return enqueued_from_rows(rows)
+
+
+def keyed_plan(request: EnqueueRequest) -> Plan[list[Enqueued]]:
+    """Insert the runs whose submit key is free and find those whose key is taken.
+
+    The insert yields on each taken key (``steps_enqueue_keyed``); the following
+    statement finds the runs that hold them (a run committed while the insert waited is
+    invisible to the insert's snapshot, not to the lookup's). A key still unaccounted
+    for was freed in between (its run purged, or its insert rolled back): those inputs
+    are inserted again, a few times at most. Returns one handle per input, in input
+    order; ``duplicate=True`` for a key already taken.
+
+    Raises:
+        StateError: a key kept changing hands across every retry, or a run of a
+            workflow with the kind's name holds it.
+    """
+    assert request.submit_keys is not None
+    keys = request.submit_keys
+    inputs: list[Any] = request.params["inputs"]
+    handles: list[Enqueued | None] = [None] * len(keys)
+    todo = list(range(len(keys)))
+    for _ in range(_KEY_RETRIES):
+        params = {
+            **request.params,
+            "inputs": [inputs[i] for i in todo],
+            "submit_keys": [keys[i] for i in todo],
+        }
+        for ord_, step_id, run_id in (yield Stmt(Q.steps_enqueue_keyed, params)):
+            handles[todo[ord_ - 1]] = Enqueued(run_id=run_id, step_id=step_id)
+        taken = [i for i in todo if handles[i] is None]  # each has a key: NULL always inserts
+        if not taken:
+            break
+        lookup = {"kind": request.kind, "submit_keys": [keys[i] for i in taken]}
+        found = {row[0]: row[1:] for row in (yield Stmt(Q.steps_find_submit_keys, lookup))}
+        for i in taken:
+            if keys[i] not in found:
+                continue
+            step_id, run_id, def_version = found[keys[i]]
+            if step_id is None:
+                raise StateError(
+                    f"submit_key {keys[i]!r} is held by run {run_id}, a run of workflow "
+                    f"{request.kind!r} ({def_version}), not a job of that kind"
+                )
+            handles[i] = Enqueued(run_id=run_id, step_id=step_id, duplicate=True)
+        todo = [i for i in taken if handles[i] is None]
+        if not todo:
+            break
+    else:
+        raise StateError(
+            f"submit_key {keys[todo[0]]!r} of kind {request.kind!r} kept changing hands"
+        )
+    return [handle for handle in handles if handle is not None]
+
+
 def enqueue_stmt(request: EnqueueRequest) -> Stmt:
-    """The one statement of an enqueue without ``unique_key`` (it always inserts)."""
+    """The one statement of an enqueue without keys (it always inserts)."""
     return Stmt(Q.steps_enqueue, request.params)
 
 
 def enqueue_many_stmt(request: EnqueueRequest) -> Stmt:
-    """The one statement that inserts every run of a ``many`` request."""
+    """The one statement that inserts every run of a ``many`` request without keys."""
     return Stmt(Q.steps_enqueue_many, request.params)
 
 

@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
-from typing import Any, Self, Unpack
+from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import ConnectionSettings
-from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
+from cyclone.dbio import Plan, Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import (
     DatabaseUnavailable,
     NotFoundError,
@@ -37,6 +37,7 @@ from cyclone.producer import (
     EnqueueOptions,
     KindTarget,
     ManyOptions,
+    enqueue_many_plan,
     enqueue_many_stmt,
     enqueue_plan,
     enqueue_stmt,
@@ -59,6 +60,8 @@ from cyclone.transitions import (
 from cyclone.workflow import Workflow
 
 __all__ = ["SyncClient"]
+
+T = TypeVar("T")
 
 
 class SyncClient:
@@ -219,21 +222,23 @@ class SyncClient:
         Takes the arguments of ``Client.enqueue`` (options: :class:`EnqueueOptions`).
 
         Returns:
-            An :class:`Enqueued`; ``duplicate=True`` for a live ``unique_key`` holder.
+            An :class:`Enqueued`; ``duplicate=True`` for a live ``unique_key`` holder
+            or a run that holds ``submit_key`` (nothing is written, no wakeup sent).
 
         Raises:
             ValidationError: a bad kind, input or option; nothing is written.
+            StateError: the key kept changing hands.
             ConfigurationError: the schema is not installed.
         """
         request = self.config.request(kind, input, **options)
         with self._connection() as conn:
-            if request.unique_key is None:
+            if request.unique_key is None and request.submit_keys is None:
                 return enqueued_from_rows(self._insert(conn, enqueue_stmt(request), request.queue))[
                     0
                 ]
-            result = run_plan_sync(conn, enqueue_plan(request))
-            if not conn.autocommit:
-                conn.commit()
+            result = _own_transaction(
+                conn, enqueue_plan(request), keyed=request.submit_keys is not None
+            )
             if not result.duplicate:
                 self._publish(conn, (request.queue,), ())
         return result
@@ -258,27 +263,40 @@ class SyncClient:
         Raises:
             ValidationError: a bad value, or ``conn`` is not a ``psycopg.Connection`` that
                 can join a transaction (closed, failed, or autocommit outside one).
+            StateError: the key kept changing hands.
         """
         request = self.config.request(kind, input, **options)
         self.config.check_tx_conn(conn, psycopg.Connection)
         result = run_plan_sync(conn, enqueue_plan(request))
-        self.config.track(conn, (request.queue,))
+        if not result.duplicate:
+            self.config.track(conn, (request.queue,))
         return result
 
     def enqueue_many(
         self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> list[Enqueued]:
-        """Enqueue one run per input in one statement (see ``Client.enqueue_many``).
+        """Enqueue one run per input in one transaction (see ``Client.enqueue_many``).
+
+        Returns:
+            The handles in input order; ``duplicate=True`` for a taken submit key.
 
         Raises:
-            ValidationError: a bad kind, input or option (``unique_key`` included).
+            ValidationError: a bad kind, input or option (``unique_key`` included), or
+                bad ``submit_keys``; nothing is written.
+            StateError: a key kept changing hands.
         """
         request = self.config.request(kind, inputs, many=True, **options)
         if not inputs:
             return []
         with self._connection() as conn:
-            rows = self._insert(conn, enqueue_many_stmt(request), request.queue)
-        return enqueued_from_rows(rows)
+            if request.submit_keys is None:
+                return enqueued_from_rows(
+                    self._insert(conn, enqueue_many_stmt(request), request.queue)
+                )
+            handles = _own_transaction(conn, enqueue_many_plan(request), keyed=True)
+            if not all(handle.duplicate for handle in handles):
+                self._publish(conn, (request.queue,), ())
+        return handles
 
     def enqueue_many_tx(
         self,
@@ -291,14 +309,16 @@ class SyncClient:
 
         Raises:
             ValidationError: as :meth:`enqueue_many` and :meth:`enqueue_tx`.
+            StateError: a key kept changing hands.
         """
         request = self.config.request(kind, inputs, many=True, **options)
         self.config.check_tx_conn(conn, psycopg.Connection)
         if not inputs:
             return []
-        rows = fetch_sync(conn, enqueue_many_stmt(request))
-        self.config.track(conn, (request.queue,))
-        return enqueued_from_rows(rows)
+        handles = run_plan_sync(conn, enqueue_many_plan(request))
+        if not all(handle.duplicate for handle in handles):
+            self.config.track(conn, (request.queue,))
+        return handles
 
     def submit(
         self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
@@ -661,3 +681,15 @@ class SyncClient:
         finally:
             if listen is not None:
                 listen.close()
+
+
+def _own_transaction(conn: psycopg.Connection[Any], plan: Plan[T], *, keyed: bool) -> T:
+    """Run a producer's plan in a transaction of its own (see ``Client``'s twin)."""
+    if conn.autocommit:
+        if not keyed:
+            return run_plan_sync(conn, plan)
+        with conn.transaction():
+            return run_plan_sync(conn, plan)
+    result = run_plan_sync(conn, plan)
+    conn.commit()
+    return result

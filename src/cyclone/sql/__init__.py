@@ -53,6 +53,8 @@ class Queries:
     steps_enqueue: LiteralString
     steps_find_unique: LiteralString
     steps_enqueue_many: LiteralString
+    steps_enqueue_keyed: LiteralString
+    steps_find_submit_keys: LiteralString
     steps_claim: LiteralString
     steps_sequence_lock: LiteralString
     steps_sequence_release: LiteralString

@@ -85,6 +85,63 @@ FROM step
 ORDER BY step.run_id;
 
 
+-- name: steps_enqueue_keyed
+-- Standalone runs of one kind with submit keys, in one statement: %(submit_keys)s is
+-- aligned with %(inputs)s (NULL for an input without a key). The run is inserted first,
+-- so that its ON CONFLICT on idx_runs_submit_key decides whether anything is written
+-- (waiting for a concurrent insert of the key to commit or roll back): for a key some
+-- run holds, in any state, neither a run nor a step is written and no row comes back.
+-- Each written input returns (ord, step_id, run_id), ord its position from 1. A key
+-- that came back empty is looked up by steps_find_submit_keys in a following statement:
+-- a run committed while this statement waited is invisible to its snapshot. Runs are
+-- inserted in key order (their ids are drawn in input order all the same), so that two
+-- calls waiting on each other's keys always take them in one order: no deadlock.
+WITH v AS (
+    SELECT nextval('cyclone_runs_id_seq') AS run_id, u.input, u.submit_key, u.ord
+    FROM unnest(%(inputs)s::jsonb[], %(submit_keys)s::text[])
+        WITH ORDINALITY AS u (input, submit_key, ord)
+), run AS (
+    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, submit_key)
+    OVERRIDING SYSTEM VALUE
+    SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s, v.submit_key
+    FROM v
+    ORDER BY v.submit_key, v.ord
+    ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
+    RETURNING id
+), step AS (
+    INSERT INTO cyclone_steps (
+        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
+        timeout, sequence_key, retention)
+    SELECT v.run_id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
+           %(max_attempts)s,
+           coalesce(%(scheduled_at)s::timestamptz,
+                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
+           %(timeout_us)s::bigint * interval '1 microsecond',
+           %(sequence_key)s,
+           %(retention_us)s::bigint * interval '1 microsecond'
+    FROM v
+    JOIN run ON run.id = v.run_id
+    ORDER BY v.ord
+    RETURNING id, run_id
+)
+SELECT v.ord, step.id AS step_id, step.run_id
+FROM step
+JOIN v ON v.run_id = step.run_id
+ORDER BY v.ord;
+
+
+-- name: steps_find_submit_keys
+-- The runs of kind %(kind)s that hold the given submit keys (in any state, until they
+-- are purged) and the step of each: what a duplicate enqueue returns. A key held by a
+-- run of a workflow of the same name comes back with its def_version and no step.
+SELECT r.submit_key, s.id AS step_id, r.id AS run_id, r.def_version
+FROM cyclone_runs r
+LEFT JOIN cyclone_steps s
+       ON s.run_id = r.id AND s.node = r.workflow AND r.def_version = 'job'
+WHERE r.workflow = %(kind)s
+  AND r.submit_key = ANY(%(submit_keys)s::text[]);
+
+
 -- name: steps_claim
 -- engine-design, The Claiming Algorithm: lock up to %(limit)s due, available steps of
 -- one queue and of the kinds this worker registers, highest priority first, then
