@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
@@ -170,8 +170,15 @@ class EnqueueRequest:
         delay: float = 0.0
         if isinstance(scheduled_at, datetime):
             at = check_aware(scheduled_at, "scheduled_at")
-        elif scheduled_at is not None:
+        elif isinstance(scheduled_at, timedelta | int | float) and not isinstance(
+            scheduled_at, bool
+        ):
             delay = seconds(scheduled_at, "scheduled_at delay", allow_zero=True) or 0.0
+        elif scheduled_at is not None:
+            raise ValidationError(
+                "scheduled_at must be an aware datetime, or a timedelta or seconds from now, "
+                f"got {scheduled_at!r}"
+            )
         if unique_key is not None:
             check_text(unique_key, "unique_key")
         if sequence_key is not None:

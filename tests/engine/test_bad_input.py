@@ -169,7 +169,7 @@ def test_bad_kind_declarations() -> None:
         cyclone.ValidationError, match="no_retry must list exception classes, got 'x'"
     ):
         cyclone.step("k", no_retry=["x"])  # type: ignore[list-item]
-    with pytest.raises(cyclone.ValidationError, match="RetryPolicy base out of range: -1"):
+    with pytest.raises(cyclone.ValidationError, match="RetryPolicy base must be positive, got -1"):
         cyclone.RetryPolicy(base=-1)
     with pytest.raises(cyclone.ValidationError, match="RetryPolicy jitter out of range: 2"):
         cyclone.RetryPolicy(jitter=2)
