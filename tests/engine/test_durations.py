@@ -66,12 +66,16 @@ async def test_every_public_duration_takes_a_timedelta_and_names_a_bad_value(
         shutdown_grace=td(seconds=7),
         sweep_interval=td(seconds=2),
         purge_interval=td(minutes=10),
+        connect_timeout=td(seconds=4),
     )
     assert (client.lease_ttl, client.poll_interval, client.notify_coalesce) == (12, 0.1, 0.005)
     assert (client.shutdown_grace, client.sweep_interval, client.purge_interval) == (7, 2, 600)
-    assert client.config.retention == 3 * 86400
-    sync_client = cyclone.SyncClient(dsn, poll_interval=td(seconds=2), retention=td(hours=1))
+    assert (client.config.retention, client.connect_timeout) == (3 * 86400, 4)
+    sync_client = cyclone.SyncClient(
+        dsn, poll_interval=td(seconds=2), retention=td(hours=1), connect_timeout=td(seconds=4)
+    )
     assert (sync_client.poll_interval, sync_client.config.retention) == (2, 3600)
+    assert sync_client.connect_timeout == 4
 
     # Kinds and their retry policy.
     policy = cyclone.RetryPolicy(base=td(seconds=1), cap=td(minutes=5))
@@ -136,11 +140,12 @@ async def test_every_public_duration_takes_a_timedelta_and_names_a_bad_value(
                     "shutdown_grace",
                     "sweep_interval",
                     "purge_interval",
+                    "connect_timeout",
                 )
             ),
             *(
                 (f"SyncClient {name}", lambda name=name: cyclone.SyncClient(dsn, **{name: BAD}))
-                for name in ("poll_interval", "retention")
+                for name in ("poll_interval", "retention", "connect_timeout")
             ),
             *(
                 (f"RetryPolicy {name}", lambda name=name: cyclone.RetryPolicy(**{name: BAD}))
