@@ -52,7 +52,9 @@ class Enqueued:
         run_id: the run's id.
         step_id: the id of its one step.
         duplicate: true when a live step of the same kind already held the
-            ``unique_key``; ``run_id`` and ``step_id`` are then that step's.
+            ``unique_key``, or a run of the kind (in any state, until purged) the
+            ``submit_key``; ``run_id`` and ``step_id`` are then that run's and step's,
+            and nothing was written.
     """
 
     __module__ = "cyclone"
