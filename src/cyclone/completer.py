@@ -4,7 +4,7 @@ decisions.md, Who claims what: completions of steps without ``completion_tx()`` 
 written many per transaction, each row with its own CAS on state, owner and lease
 generation. A batch goes out as soon as the previous one is written (up to two in
 flight), so a lone completion is not delayed and a busy worker folds many into one
-transaction. Runs that end are handed to ``finished`` (the publisher's ``run_done``)
+transaction. Runs that end are handed to ``ended`` (the publisher's ``run_done``)
 after the commit, so a NOTIFY that fails can never turn a committed completion into a
 failed one.
 """
