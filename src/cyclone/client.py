@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import engine_conninfo
+from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, engine_conninfo
 from cyclone.dbio import (
     Stmt,
     batch_async,
@@ -125,6 +125,11 @@ class Client:
         tx_slots: completion transactions open at once (default: the total of slots).
         max_connections: connections this client may open (default ``tx_slots + 6``).
         schema: the Postgres schema Cyclone lives in (default ``public``).
+        tcp_user_timeout: seconds after which a connection whose network is gone is
+            dropped (default 10; ``None``: the libpq and system defaults, which can hang
+            for many minutes). Sets libpq's ``tcp_user_timeout`` and keepalives on every
+            connection the client opens; values in ``conninfo`` win. Keep it below
+            ``lease_ttl``; see docs/operations.md, Network faults.
         retention: default time a finished run is kept (default 7 days; ``None``: forever).
         shutdown_grace: seconds running handlers get to finish at stop (default 30).
         sweep_interval: seconds between recovery sweeps (default ``lease_ttl / 3``,
@@ -159,6 +164,7 @@ class Client:
         tx_slots: int | None = None,
         max_connections: int | None = None,
         schema: str = "public",
+        tcp_user_timeout: Duration | None = DEFAULT_TCP_USER_TIMEOUT,
         retention: Duration | None = timedelta(days=7),
         shutdown_grace: Duration = 30.0,
         sweep_interval: Duration | None = None,
@@ -186,7 +192,10 @@ class Client:
                 f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
             )
         self._conninfo = base
-        self._engine_conninfo = engine_conninfo(base, schema=schema, application_name="cyclone")
+        self.tcp_user_timeout = seconds(
+            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
+        )
+        self._engine_conninfo = self._conninfo_for("cyclone")
         self.lease_ttl = seconds(lease_ttl, "lease_ttl", minimum=0.01, maximum=DAY) or 30.0
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
         self.notify_coalesce = (
@@ -273,6 +282,15 @@ class Client:
         """
         return await migrate_async(self._conninfo, schema=self.config.schema)
 
+    def _conninfo_for(self, application_name: str) -> str:
+        """The conninfo of the engine's connections that serve ``application_name``."""
+        return engine_conninfo(
+            self._conninfo,
+            schema=self.config.schema,
+            application_name=application_name,
+            tcp_user_timeout=self.tcp_user_timeout,
+        )
+
     def _new_pools(self) -> tuple[AsyncConnectionPool[Any], AsyncConnectionPool[Any]]:
         """Fresh (unopened) engine and lease pools: a stopped client can start again."""
         with_handlers = bool(self.config.handlers)
@@ -286,9 +304,7 @@ class Client:
             configure=_read_committed_async,
         )
         lease = AsyncConnectionPool(
-            engine_conninfo(
-                self._conninfo, schema=self.config.schema, application_name="cyclone-lease"
-            ),
+            self._conninfo_for("cyclone-lease"),
             min_size=1,
             max_size=LEASE_CONNECTIONS,
             kwargs={"autocommit": True},
@@ -429,9 +445,7 @@ class Client:
     def _ensure_listener(self) -> None:
         if self._listener is None and self.config.notify:
             self._listener = Listener(
-                engine_conninfo(
-                    self._conninfo, schema=self.config.schema, application_name="cyclone-listen"
-                ),
+                self._conninfo_for("cyclone-listen"),
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,

@@ -18,7 +18,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import engine_conninfo
+from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, engine_conninfo
 from cyclone.dbio import Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import NotFoundError, StateError, ValidationError, WaitTimeout
 from cyclone.handlers import Handler
@@ -72,6 +72,10 @@ class SyncClient:
         poll_interval: seconds between polls of :meth:`wait` (default 1).
         notify: LISTEN in :meth:`wait` (default True); wakeups are published either way.
         schema: the Postgres schema Cyclone lives in (default ``public``).
+        tcp_user_timeout: seconds after which a connection whose network is gone is
+            dropped (default 10; ``None``: the libpq and system defaults). Sets libpq's
+            ``tcp_user_timeout`` and keepalives on the client's own connections; values
+            in ``conninfo`` win. See docs/operations.md, Network faults.
         retention: default time a finished run is kept (default 7 days).
         max_connections: size of the client's own pool (default 4).
 
@@ -90,6 +94,7 @@ class SyncClient:
         poll_interval: Duration = 1.0,
         notify: bool = True,
         schema: str = "public",
+        tcp_user_timeout: Duration | None = DEFAULT_TCP_USER_TIMEOUT,
         retention: Duration | None = timedelta(days=7),
         max_connections: int = 4,
     ) -> None:
@@ -101,6 +106,9 @@ class SyncClient:
             notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
+        self.tcp_user_timeout = seconds(
+            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
+        )
         if isinstance(conninfo, ConnectionPool):
             base = conninfo.conninfo
             if not isinstance(base, str):
@@ -110,7 +118,12 @@ class SyncClient:
         elif isinstance(conninfo, str):
             base = conninfo
             self._pool = ConnectionPool(
-                engine_conninfo(base, schema=schema, application_name="cyclone-sync"),
+                engine_conninfo(
+                    base,
+                    schema=schema,
+                    application_name="cyclone-sync",
+                    tcp_user_timeout=self.tcp_user_timeout,
+                ),
                 min_size=1,
                 max_size=max_connections,
                 kwargs={"autocommit": True},
@@ -125,7 +138,10 @@ class SyncClient:
             )
         self._conninfo = base
         self._listen_conninfo = engine_conninfo(
-            base, schema=schema, application_name="cyclone-wait"
+            base,
+            schema=schema,
+            application_name="cyclone-wait",
+            tcp_user_timeout=self.tcp_user_timeout,
         )
         self._opened = False
 
