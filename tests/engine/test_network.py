@@ -19,7 +19,6 @@ Afterwards every run completes, every ledger row exists exactly once, no worker 
 from __future__ import annotations
 
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -207,9 +206,9 @@ def _wait_listening(net: Net, workers: int) -> None:
     )
 
 
-def test_link_cut_longer_than_the_lease_is_fenced_and_recovered(net: Net) -> None:
+def test_link_cut_longer_than_the_lease_is_fenced_and_recovered(net: Net, tmp_path: Path) -> None:
     near, far = net.hosts.links
-    gate = Path(tempfile.mkdtemp(prefix="cyclone-gate-")) / "closed"
+    gate = tmp_path / "gate"
     gate.touch()  # the far host's items stop before their business write
     other = net.start(near)
     cut_off = net.start(far, CYCLONE_TEST_GATE=str(gate))
