@@ -29,8 +29,8 @@ _serial = itertools.count()
 
 
 def available() -> bool:
-    """Whether network namespaces can be made here (root, and ``ip`` on the PATH)."""
-    return os.geteuid() == 0 and shutil.which("ip") is not None
+    """Whether network namespaces can be made here (root, ``ip`` and ``sysctl``)."""
+    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("ip", "sysctl"))
 
 
 def _ip(*args: str) -> None:

@@ -38,7 +38,9 @@ from tests.throwaway import ThrowawayServer, available
 pytestmark = [
     pytest.mark.chaos,
     pytest.mark.skipif(not available(), reason="no initdb/pg_ctl to make a throwaway server"),
-    pytest.mark.skipif(not netns.available(), reason="network namespaces need root and `ip`"),
+    pytest.mark.skipif(
+        not netns.available(), reason="network namespaces need root, `ip` and `sysctl`"
+    ),
 ]
 
 APP = "tests.apps.netfault:client"
