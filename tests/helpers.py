@@ -73,9 +73,11 @@ def set_database_timezone(dsn: str, zone: str) -> str:
 
 
 def start_worker(
-    app: str, env: Mapping[str, str], *, log_level: str = "WARNING"
+    app: str, env: Mapping[str, str], *, log_level: str = "WARNING", netns: str | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start ``cyclone worker APP`` in a new process (its own process group).
+    """Start ``cyclone worker APP`` in a new process (its own process group), inside the
+    network namespace ``netns`` if given (``ip netns exec`` execs, so the pid is the
+    worker's).
 
     Its log goes to a temporary file, ``proc.log_path``, so a full pipe never blocks it.
     """
@@ -84,8 +86,9 @@ def start_worker(
         prefix="cyclone-worker-", suffix=".log", delete=False
     )
     with log_file:
+        prefix = ["ip", "netns", "exec", netns] if netns is not None else []
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
+            [*prefix, sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
             cwd=ROOT,
             env=full_env,
             stdout=log_file,

@@ -4,6 +4,11 @@
 as the ``postgres`` user when the tests run as root (initdb refuses root). A free port
 on 127.0.0.1, a socket folder and the data folder in a temporary directory; fsync off
 (a process crash loses nothing the OS holds; only a machine crash would).
+
+For the network tests the server can run inside a network namespace (``netns``),
+listening on other addresses (``listen``) with more ``pg_hba.conf`` lines (``hba``) and
+server settings (``settings``); its :attr:`ThrowawayServer.dsn` is then the Unix socket,
+which the test process reaches from any namespace.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 __all__ = ["ThrowawayServer", "available"]
@@ -43,22 +49,43 @@ def _free_port() -> int:
 
 
 class ThrowawayServer:
-    """Start with :meth:`start`; :meth:`crash_restart` kills and restarts it."""
+    """Start with :meth:`start`; :meth:`crash_restart` kills and restarts it.
 
-    def __init__(self) -> None:
+    Args:
+        netns: the network namespace to run in (``None``: the caller's).
+        listen: the addresses to listen on (default 127.0.0.1).
+        hba: lines added to ``pg_hba.conf`` (``"host all all 127.0.0.0/8 trust"``).
+        settings: more server settings (name -> value).
+    """
+
+    def __init__(
+        self,
+        *,
+        netns: str | None = None,
+        listen: Sequence[str] = ("127.0.0.1",),
+        hba: Sequence[str] = (),
+        settings: Mapping[str, str] | None = None,
+    ) -> None:
         bins = _bin_dir()
         assert bins is not None, "no initdb"
         self._bins = bins
         self.root = Path(tempfile.mkdtemp(prefix="cyclone-throwaway-"))
         self.data = self.root / "data"
         self.port = _free_port()
-        self.dsn = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+        self._netns = netns
+        self._listen = ",".join(listen)
+        self._hba = list(hba)
+        self._settings = dict(settings or {})
+        host = self.root if netns is not None else "127.0.0.1"
+        self.dsn = f"host={host} port={self.port} user=postgres dbname=postgres"
         self._as_postgres = os.geteuid() == 0
 
     def _run(self, *args: str) -> None:
         command = [str(self._bins / args[0]), *args[1:]]
         if self._as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
+        if self._netns is not None:
+            command = ["ip", "netns", "exec", self._netns, *command]
         subprocess.run(command, check=True, capture_output=True, timeout=120)
 
     def start(self) -> None:
@@ -67,9 +94,14 @@ class ThrowawayServer:
             shutil.chown(self.root, "postgres")
         if not self.data.exists():
             self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres")
+            if self._hba:
+                with (self.data / "pg_hba.conf").open("a") as hba:
+                    hba.write("".join(f"{line}\n" for line in self._hba))
+        settings = {"max_connections": "100", **self._settings}
         options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={self.root}"
-            " -c fsync=off -c max_connections=100"
+            f"-p {self.port} -c listen_addresses={self._listen}"
+            f" -c unix_socket_directories={self.root} -c fsync=off"
+            + "".join(f" -c {name}={value}" for name, value in settings.items())
         )
         self._run(
             "pg_ctl",

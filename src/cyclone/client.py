@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import ConnectionSettings
+from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, ConnectionSettings
 from cyclone.dbio import (
     Plan,
     Stmt,
@@ -132,6 +132,11 @@ class Client:
         tx_slots: completion transactions open at once (default: the total of slots).
         max_connections: connections this client may open (default ``tx_slots + 6``).
         schema: the Postgres schema Cyclone lives in (default ``public``).
+        tcp_user_timeout: seconds after which a connection whose network is gone is
+            dropped (default 10; ``None``: the libpq and system defaults, which can hang
+            for many minutes). Sets libpq's ``tcp_user_timeout`` and keepalives on every
+            connection the client opens; values in ``conninfo`` win. Keep it below
+            ``lease_ttl``; see docs/operations.md, Network faults.
         retention: default time a finished run is kept (default 7 days; ``None``: forever).
         shutdown_grace: seconds running handlers get to finish at stop (default 30).
         sweep_interval: seconds between recovery sweeps (default ``lease_ttl / 3``,
@@ -175,6 +180,7 @@ class Client:
         tx_slots: int | None = None,
         max_connections: int | None = None,
         schema: str = "public",
+        tcp_user_timeout: Duration | None = DEFAULT_TCP_USER_TIMEOUT,
         retention: Duration | None = timedelta(days=7),
         shutdown_grace: Duration = 30.0,
         sweep_interval: Duration | None = None,
@@ -206,8 +212,15 @@ class Client:
         self.connect_timeout = (
             seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
         )
+        self.tcp_user_timeout = seconds(
+            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
+        )
         self.settings = ConnectionSettings.build(
-            base, schema=schema, pooler=pooler, connect_timeout=self.connect_timeout
+            base,
+            schema=schema,
+            pooler=pooler,
+            connect_timeout=self.connect_timeout,
+            tcp_user_timeout=self.tcp_user_timeout,
         )
         """Conninfo, schema and pooler mode of every connection this client opens."""
         self._conninfo = base

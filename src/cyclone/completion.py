@@ -104,6 +104,11 @@ class CompletionTx:
     handler's own ``with tx.transaction():`` is a savepoint, and an explicit
     ``commit()`` or ``rollback()`` by the handler is refused by psycopg: only the worker
     ends the transaction, together with the step's completion.
+
+    A connection that broke while it rested in the pool (the server ended its session,
+    the network dropped it) fails at that block's BEGIN, before the handler sees it: it
+    is discarded and the next one taken, so that a fault the handler had no part in
+    does not cost the step an attempt.
     """
 
     def __init__(
@@ -140,13 +145,20 @@ class CompletionTx:
                 raise ConfigurationError("completion_tx() from an async handler needs its pool")
             await self._slots.acquire_async()
             try:
-                conn = await pool.getconn(timeout=_FOREVER)
-                try:
-                    block = conn.transaction()
-                    await block.__aenter__()
-                except BaseException:
-                    await pool.putconn(conn)
-                    raise
+                for tries_left in range(pool.max_size, -1, -1):
+                    conn = await pool.getconn(timeout=_FOREVER)
+                    try:
+                        block = conn.transaction()
+                        await block.__aenter__()  # BEGIN: the connection's first word
+                        break
+                    except psycopg.OperationalError:
+                        broken = conn.broken
+                        await pool.putconn(conn)  # a broken one is discarded
+                        if not broken or not tries_left:
+                            raise
+                    except BaseException:
+                        await pool.putconn(conn)
+                        raise
             except BaseException:
                 self._slots.release()
                 raise
@@ -167,14 +179,27 @@ class CompletionTx:
                 raise ConfigurationError("completion_tx() from a sync handler needs its pool")
             self._slots.acquire_sync()
             try:
-                conn = pool.getconn(timeout=_FOREVER)
+                for tries_left in range(pool.max_size, -1, -1):
+                    conn = pool.getconn(timeout=_FOREVER)
+                    try:
+                        block = conn.transaction()
+                        block.__enter__()
+                        break
+                    except psycopg.OperationalError:
+                        broken = conn.broken
+                        pool.putconn(conn)
+                        if not broken or not tries_left:
+                            raise
+                    except BaseException:
+                        pool.putconn(conn)
+                        raise
                 try:
-                    block = conn.transaction()
-                    block.__enter__()
                     pid = conn.info.backend_pid
                     if self._ask_pid:  # behind a pooler the reported pid is not the server's
                         pid = fetch_sync(conn, Stmt(Q.steps_tx_backend))[0][0]
                 except BaseException:
+                    with contextlib.suppress(psycopg.Error):
+                        block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
                     pool.putconn(conn)
                     raise
             except BaseException:

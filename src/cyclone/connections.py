@@ -15,6 +15,11 @@ Two ways to reach the server (``pooler=``):
   a transaction there: no startup option (poolers refuse or drop it), no server-side
   prepared statement (``prepare_threshold=None``), no session ``SET``, no LISTEN. The
   schema is set inside every transaction instead (:func:`cyclone.dbio.pin_search_path`).
+
+Every connection also asks for TCP keepalives and a TCP user timeout
+(:func:`keepalive_params`), so that a connection cut by the network fails within
+seconds instead of hanging until the operating system gives up (by default after many
+minutes).
 """
 
 from __future__ import annotations
@@ -33,14 +38,24 @@ from cyclone.dbio import pin_search_path
 from cyclone.errors import ValidationError
 
 __all__ = [
+    "DEFAULT_TCP_USER_TIMEOUT",
     "POOLERS",
     "POOLER_ENV",
     "ConnectionSettings",
     "Pooler",
     "check_schema_name",
     "engine_conninfo",
+    "keepalive_params",
     "resolve_pooler",
 ]
+
+DEFAULT_TCP_USER_TIMEOUT = 10.0
+"""Seconds a connection may leave data unacknowledged (or keepalives unanswered) before
+it is dropped: a third of the default 30 s lease, so that a worker whose link broke
+finds out and reconnects well before its leases run out, and far above the delays of a
+working network."""
+KEEPALIVES_COUNT = 3
+"""Unanswered keepalive probes that drop an idle connection."""
 
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -87,6 +102,28 @@ def resolve_pooler(value: str | None) -> Pooler:
     return value
 
 
+def keepalive_params(tcp_user_timeout: float | None) -> dict[str, str]:
+    """libpq parameters that bound how long a broken TCP connection goes unnoticed.
+
+    ``tcp_user_timeout`` in seconds (``None``: no parameters, the libpq and operating
+    system defaults apply). A busy connection is dropped once its data has gone
+    unacknowledged that long (libpq's ``tcp_user_timeout``, in milliseconds); an idle one
+    (a LISTEN connection, a connection resting in a pool) is probed by keepalives
+    after half of it, every sixth of it, and dropped after ``KEEPALIVES_COUNT``
+    unanswered probes, about ``tcp_user_timeout`` in all (libpq takes whole seconds,
+    1 at least). Unix-socket connections ignore them.
+    """
+    if tcp_user_timeout is None:
+        return {}
+    return {
+        "keepalives": "1",
+        "keepalives_idle": str(max(1, math.ceil(tcp_user_timeout / 2))),
+        "keepalives_interval": str(max(1, math.ceil(tcp_user_timeout / 6))),
+        "keepalives_count": str(KEEPALIVES_COUNT),
+        "tcp_user_timeout": str(max(1, round(tcp_user_timeout * 1000))),
+    }
+
+
 def engine_conninfo(
     conninfo: str,
     *,
@@ -94,14 +131,17 @@ def engine_conninfo(
     application_name: str,
     pooler: Pooler = "session",
     connect_timeout: float | None = None,
+    tcp_user_timeout: float | None = DEFAULT_TCP_USER_TIMEOUT,
 ) -> str:
-    """``conninfo`` with an ``application_name`` added, and in session mode the schema's
+    """``conninfo`` with an ``application_name`` and the :func:`keepalive_params` of
+    ``tcp_user_timeout`` (seconds) added, and in session mode the schema's
     ``search_path`` as a startup option.
 
     Options already present in ``conninfo`` are kept; the search path is appended.
     Behind a transaction pooler no startup option is added (the schema is set in each
     transaction instead). ``connect_timeout`` (seconds) becomes libpq's
-    ``connect_timeout`` (whole seconds, at least 2) unless ``conninfo`` sets one.
+    ``connect_timeout`` (whole seconds, at least 2). An ``application_name``,
+    ``connect_timeout``, keepalive or ``tcp_user_timeout`` set in ``conninfo`` wins.
 
     Raises:
         ValidationError: ``conninfo`` cannot be parsed, or ``schema`` is not an identifier.
@@ -117,6 +157,8 @@ def engine_conninfo(
     params.setdefault("application_name", application_name)
     if connect_timeout is not None:
         params.setdefault("connect_timeout", str(max(2, math.ceil(connect_timeout))))
+    for key, value in keepalive_params(tcp_user_timeout).items():
+        params.setdefault(key, value)
     return make_conninfo("", **params)
 
 
@@ -129,12 +171,15 @@ class ConnectionSettings:
         schema: the Postgres schema of Cyclone's tables.
         pooler: ``"session"`` or ``"transaction"`` (see the module docstring).
         connect_timeout: seconds to wait for a connection (``None``: libpq's default).
+        tcp_user_timeout: seconds before a broken connection is dropped
+            (:func:`keepalive_params`; ``None``: the operating system's defaults).
     """
 
     conninfo: str
     schema: str
     pooler: Pooler = "session"
     connect_timeout: float | None = None
+    tcp_user_timeout: float | None = DEFAULT_TCP_USER_TIMEOUT
 
     @classmethod
     def build(
@@ -144,13 +189,20 @@ class ConnectionSettings:
         schema: str,
         pooler: str | None,
         connect_timeout: float | None = None,
+        tcp_user_timeout: float | None = DEFAULT_TCP_USER_TIMEOUT,
     ) -> ConnectionSettings:
         """Validated settings (``pooler`` resolved as :func:`resolve_pooler` does).
 
         Raises:
             ValidationError: a bad schema name, pooler mode or connection string.
         """
-        settings = cls(conninfo, check_schema_name(schema), resolve_pooler(pooler), connect_timeout)
+        settings = cls(
+            conninfo,
+            check_schema_name(schema),
+            resolve_pooler(pooler),
+            connect_timeout,
+            tcp_user_timeout,
+        )
         settings.conninfo_for("cyclone")  # parses the connection string once, now
         return settings
 
@@ -172,6 +224,7 @@ class ConnectionSettings:
             application_name=application_name,
             pooler=self.pooler,
             connect_timeout=self.connect_timeout,
+            tcp_user_timeout=self.tcp_user_timeout,
         )
 
     def kwargs(self, *, autocommit: bool) -> dict[str, Any]:

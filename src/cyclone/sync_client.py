@@ -18,7 +18,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import ConnectionSettings
+from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, ConnectionSettings
 from cyclone.dbio import Plan, Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import (
     DatabaseUnavailable,
@@ -75,6 +75,10 @@ class SyncClient:
         poll_interval: seconds between polls of :meth:`wait` (default 1).
         notify: LISTEN in :meth:`wait` (default True); wakeups are published either way.
         schema: the Postgres schema Cyclone lives in (default ``public``).
+        tcp_user_timeout: seconds after which a connection whose network is gone is
+            dropped (default 10; ``None``: the libpq and system defaults). Sets libpq's
+            ``tcp_user_timeout`` and keepalives on the client's own connections; values
+            in ``conninfo`` win. See docs/operations.md, Network faults.
         retention: default time a finished run is kept (default 7 days).
         max_connections: size of the client's own pool (default 4).
         pooler: ``"transaction"`` behind a transaction-mode pooler, ``"session"``
@@ -98,6 +102,7 @@ class SyncClient:
         poll_interval: Duration = 1.0,
         notify: bool = True,
         schema: str = "public",
+        tcp_user_timeout: Duration | None = DEFAULT_TCP_USER_TIMEOUT,
         retention: Duration | None = timedelta(days=7),
         max_connections: int = 4,
         pooler: str | None = None,
@@ -114,6 +119,9 @@ class SyncClient:
         self.connect_timeout = (
             seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
         )
+        self.tcp_user_timeout = seconds(
+            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
+        )
         if isinstance(conninfo, ConnectionPool):
             base = conninfo.conninfo
             if not isinstance(base, str):
@@ -127,7 +135,11 @@ class SyncClient:
                 f"conninfo must be a string or a ConnectionPool, got {conninfo!r}"
             )
         self.settings = ConnectionSettings.build(
-            base, schema=schema, pooler=pooler, connect_timeout=self.connect_timeout
+            base,
+            schema=schema,
+            pooler=pooler,
+            connect_timeout=self.connect_timeout,
+            tcp_user_timeout=self.tcp_user_timeout,
         )
         """Conninfo, schema and pooler mode of every connection this client opens."""
         if isinstance(conninfo, str):

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 import cyclone
-from tests.helpers import scalar
+from tests.helpers import apoll_until, scalar
 
 
 @pytest.fixture
@@ -126,3 +126,46 @@ async def test_sync_and_async_kinds_share_the_transaction_budget(
     assert scalar(db, "SELECT count(*) FROM ledger") == 6
     with pytest.raises(cyclone.PoolTooSmallError, match="need at least 8"):
         cyclone.Client(dsn, handlers=[slow_async, slow_sync], tx_slots=1, max_connections=7)
+
+
+async def test_a_connection_ended_while_pooled_costs_no_attempt(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
+    """The server ends the sessions resting in the handler pools (a restart, a network
+    fault, pg_terminate_backend): the next completion transactions take fresh
+    connections instead of failing their step's only attempt."""
+
+    @cyclone.action("writes_async", max_attempts=1)
+    async def writes_async(ctx: cyclone.Context, inp: Any) -> None:
+        tx = await ctx.completion_tx()
+        await tx.execute("INSERT INTO ledger VALUES (%s, 'async')", (ctx.run_id,))
+
+    @cyclone.action("writes_sync", max_attempts=1)
+    def writes_sync(ctx: cyclone.Context, inp: Any) -> None:
+        ctx.completion_tx().execute("INSERT INTO ledger VALUES (%s, 'sync')", (ctx.run_id,))
+
+    kinds = [writes_async, writes_sync]
+    async with cyclone.Client(dsn, handlers=kinds) as client:
+        for kind in kinds:  # each handler pool now holds an idle connection
+            await client.wait(await client.enqueue(kind), timeout=30)
+        ended = [
+            pid
+            for (pid,) in db.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name = 'cyclone-tx' AND state = 'idle' AND query = 'COMMIT'"
+            ).fetchall()
+        ]
+        assert len(ended) == 2
+        db.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (ended,))
+        await apoll_until(
+            lambda: asyncio.to_thread(
+                scalar,
+                db,
+                "SELECT count(*) = 0 FROM pg_stat_activity WHERE pid = ANY(%s)",
+                (ended,),
+            ),
+            what="the sessions to end",
+        )
+        runs = [await client.wait(await client.enqueue(kind), timeout=30) for kind in kinds]
+    assert [r.state for r in runs] == [cyclone.RunState.COMPLETED] * 2
+    assert scalar(db, "SELECT count(*) FROM ledger") == 4
