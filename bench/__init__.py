@@ -12,6 +12,10 @@ Modules:
 * :mod:`bench.dag`: the static-DAG benchmark, no-op workflow steps against standalone
   jobs, and the submit time of a 1,000-node DAG (``python -m bench.dag``);
 * :mod:`bench.dag_app`: its workflows and worker processes;
+* :mod:`bench.bloat`: steady load while a foreign transaction holds the xmin horizon
+  (``python -m bench.bloat``), with :mod:`bench.steady` (the load, the samples and the
+  holder), :mod:`bench.recovery` (baseline and recovery, pure) and
+  :mod:`bench.bloat_report` (the per-window table and the summary);
 * :mod:`bench.raw`: the pgbench runs (also ``python -m bench.raw`` on its own);
 * :mod:`bench.workers`: the worker processes (started with multiprocessing, spawn);
 * :mod:`bench.db`: throwaway databases and connection strings;

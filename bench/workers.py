@@ -70,14 +70,19 @@ def throughput_worker(
     start: Barrier,
     stop: Event,
     usage: SimpleQueue[float],
+    purge_interval: float | None = 300.0,
 ) -> None:
-    """Run no-op jobs with ``slots`` slots from the barrier until ``stop`` is set."""
+    """Run no-op jobs with ``slots`` slots from the barrier until ``stop`` is set.
+
+    ``purge_interval``: seconds between the client's retention purges (``None``: none).
+    """
     client = cyclone.Client(
         dsn,
         handlers=[noop],
         queues={QUEUE: slots},
         claim_batch=claim_batch,
         poll_interval=poll_interval,
+        purge_interval=purge_interval,
     )
     start.wait()
     began = cpu_seconds()
