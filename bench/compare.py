@@ -115,7 +115,7 @@ def _procrastinate_app(dsn: str) -> Any:
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    @app.task(name="compare_noop", queue="default")
+    @app.task(name="compare_noop", queue="default")  # type: ignore[untyped-decorator, unused-ignore]
     async def noop(i: int) -> None:
         return None
 
@@ -235,7 +235,7 @@ def pgqueuer_worker(dsn: str, slots: int, claim_batch: int, start: Barrier, stop
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         qm = QueueManager(Queries(PsycopgDriver(conn)))
 
-        @qm.entrypoint("compare_noop")
+        @qm.entrypoint("compare_noop")  # type: ignore[untyped-decorator, unused-ignore]
         async def noop(job: Any) -> None:
             return None
 

@@ -238,7 +238,7 @@ class Bench:
     async def enqueue(self) -> dict[str, Any]:
         """Enqueue/s one per transaction (1 and N producers) and with ``enqueue_many``."""
         settings = self.settings
-        inputs = [{}] * settings.batch
+        inputs: list[dict[str, Any]] = [{}] * settings.batch
         warmup = min(0.5, settings.enqueue_seconds / 4)
         results: dict[str, Any] = {}
         async with cyclone.Client(self.dsn) as client:

@@ -30,7 +30,7 @@ def _bin_dir() -> Path | None:
     if found:
         return Path(found).resolve().parent
     try:
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver
     except ImportError:
         return None
     bundled = Path(pgserver.__file__).parent / "pginstall" / "bin"

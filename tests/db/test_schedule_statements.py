@@ -67,7 +67,10 @@ def due(db: psycopg.Connection[Any]) -> datetime:
         "INSERT INTO cyclone_runs (id, workflow, def_version) OVERRIDING SYSTEM VALUE "
         "VALUES (1, 'k', 'job'), (2, 'k', 'job')"
     )
-    return db.execute("SELECT next_run_at FROM cyclone_schedules").fetchone()[0]  # type: ignore[index]
+    row = db.execute("SELECT next_run_at FROM cyclone_schedules").fetchone()
+    assert row is not None
+    next_run_at: datetime = row[0]
+    return next_run_at
 
 
 def test_a_scanner_whose_lease_passed_to_another_cannot_fire(

@@ -719,7 +719,7 @@ class StepMachine(RuleBasedStateMachine):
         heartbeat loop fires once for each claim it believes it holds.
         """
         timed = sorted(i for i, r in self.steps.items() if r.state == S.RUNNING and r.has_timeout)
-        if timed and data.draw(st.booleans(), label="time out"):
+        if bool(timed) and data.draw(st.booleans(), label="time out"):
             ids = data.draw(st.lists(st.sampled_from(timed), min_size=1, unique=True), label="ids")
             self.client.execute(
                 f"UPDATE cyclone_steps SET started_at = started_at - interval '{SHIFT}' "
@@ -900,7 +900,7 @@ class StepMachine(RuleBasedStateMachine):
         assert (run.finished_at is not None) == (run.state in TERMINAL_RUNS)
         assert len(steps) == 1, f"standalone run {run.id} has {len(steps)} steps"
         step = steps[0].state
-        mirrors = {
+        mirrors: dict[RunState, set[str]] = {
             R.COMPLETED: {S.COMPLETED},
             R.FAILED: {S.DISCARDED},
             R.CANCELLED: {S.CANCELLED},
@@ -979,7 +979,15 @@ def conns(dsn: str) -> Iterator[dict[str, psycopg.Connection[Any]]]:
 
 def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]]) -> None:
     """No interleaving of step transitions reaches a state the spec forbids."""
-    run_state_machine_as_test(lambda: StepMachine(conns), settings=SETTINGS)
+
+    class BoundStepMachine(StepMachine):
+        """:class:`StepMachine` on this test's connections (hypothesis makes it with no
+        arguments)."""
+
+        def __init__(self) -> None:
+            super().__init__(conns)
+
+    run_state_machine_as_test(BoundStepMachine, settings=SETTINGS)
 
 
 @pytest.mark.parametrize("trigger", ["retry", "reclaim"])

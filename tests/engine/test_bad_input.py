@@ -139,7 +139,7 @@ async def test_tx_calls_refuse_connections_outside_a_transaction(
             psycopg.connect(dsn) as sync_conn,
             pytest.raises(cyclone.ValidationError, match="AsyncConnection"),
         ):
-            await client.enqueue_tx(sync_conn, "k", {})
+            await client.enqueue_tx(sync_conn, "k", {})  # type: ignore[arg-type]
         async with await psycopg.AsyncConnection.connect(dsn) as failed:
             with pytest.raises(psycopg.errors.DivisionByZero):
                 await failed.execute("SELECT 1/0")
@@ -232,9 +232,9 @@ async def test_bad_run_references(dsn: str) -> None:
 async def test_unknown_options_are_named(dsn: str, db: psycopg.Connection[Any]) -> None:
     async with cyclone.Client(dsn) as client:
         with pytest.raises(cyclone.ValidationError, match=r"unknown option\(s\) \['bogus'\]"):
-            await client.enqueue("k", {}, bogus=1)
+            await client.enqueue("k", {}, bogus=1)  # type: ignore[call-arg]
         with pytest.raises(cyclone.ValidationError, match=r"unknown option\(s\) \['unique_key'\]"):
-            await client.enqueue_many("k", [{}], unique_key="u")
+            await client.enqueue_many("k", [{}], unique_key="u")  # type: ignore[call-arg]
     _nothing_written(db)
 
 

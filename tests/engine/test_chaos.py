@@ -95,7 +95,7 @@ def test_runs_survive_killed_workers_and_a_database_crash(server: ThrowawayServe
             kill(w)
     assert crashed and kills >= 5
     with psycopg.connect(dsn) as conn:
-        states = dict(
+        states: dict[str, int] = dict(
             conn.execute(
                 "SELECT state, count(*) FROM cyclone_runs WHERE workflow = 'chaos' GROUP BY 1"
             ).fetchall()

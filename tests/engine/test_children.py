@@ -10,6 +10,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState, StepState
+from cyclone.submit import SubmitOptions
 from tests.helpers import apoll_until, scalar
 
 
@@ -173,7 +174,9 @@ async def test_a_parent_that_fails_cancels_its_running_child(
 
 
 async def _child_state(db: psycopg.Connection[Any], run_id: int, state: str) -> bool:
-    return scalar(db, "SELECT state FROM cyclone_runs WHERE parent_run_id = %s", (run_id,)) == state
+    return bool(
+        scalar(db, "SELECT state FROM cyclone_runs WHERE parent_run_id = %s", (run_id,)) == state
+    )
 
 
 DEEP_FIXED = [False]
@@ -252,7 +255,8 @@ async def test_a_parent_that_fails_cancels_its_running_child_in_the_same_transac
     parent.child("kid", waiting, needs_result=False)
     parent.node("bad", fail, after=[parent.wait_signal("go")])
     async with client(dsn, parent) as c:
-        sub = await c.submit(parent, None, deadline=3600 if how == "deadline" else None)
+        options: SubmitOptions = {"deadline": 3600} if how == "deadline" else {}
+        sub = await c.submit(parent, None, **options)
         await apoll_until(lambda: _child(db, sub.run_id), what="the child run to start")
         if how == "discard":
             assert await c.signal(sub, "go")  # "bad" runs and discards: fail-fast

@@ -161,11 +161,12 @@ async def test_a_discarded_item_discards_the_node_and_cancels_the_rest(
 def test_fan_out_definitions_are_validated() -> None:
     wf = cyclone.Workflow("bad_fan_outs")
     src = wf.node("src", make_list)
-    for kwargs, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"max_parallel": -1}, "max_parallel"),
         ({"max_bytes": "big"}, "max_bytes"),
         ({"max_parallel": True}, "max_parallel"),
-    ]:
+    ]
+    for kwargs, message in cases:
         with pytest.raises(cyclone.WorkflowError, match=message):
             wf.fan_out("f", square, over=src, **kwargs)
     wf.fan_out("g", square, over="ghost")
@@ -178,12 +179,13 @@ async def test_pause_and_resume_keep_max_parallel(dsn: str, db: psycopg.Connecti
     peak = 0
 
     def sample(run_id: int) -> int:
-        return scalar(
+        count: int = scalar(
             db,
             "SELECT count(*) FROM cyclone_steps WHERE run_id = %s AND item_of = 'sq'"
             " AND state IN ('available', 'running')",
             (run_id,),
         )
+        return count
 
     async with client(dsn, wf, queues={"default": 20}) as c:
         sub = await c.submit(wf, list(range(40)))

@@ -26,7 +26,7 @@ async def wait_db(
     """Poll ``query`` (first column of first row) until it equals ``expected``."""
 
     async def check() -> bool:
-        return scalar(db, query) == expected
+        return bool(scalar(db, query) == expected)
 
     await apoll_until(check, timeout=timeout, what=f"{query} == {expected!r}")
 

@@ -42,7 +42,9 @@ async def test_heartbeats_renew_while_every_tx_slot_is_taken(
         await apoll_until(lambda: asyncio.sleep(0, opened == 2), what="two open transactions")
 
         async def all_running() -> bool:
-            return scalar(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'running'") == 3
+            return bool(
+                scalar(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'running'") == 3
+            )
 
         await apoll_until(all_running, what="three running steps")
         first = dict(db.execute("SELECT id, lease_expiry FROM cyclone_steps").fetchall())

@@ -31,9 +31,10 @@ def client(dsn: str, *workflows: cyclone.Workflow, **options: Any) -> cyclone.Cl
 
 
 def _state(db: psycopg.Connection[Any], run_id: int, node: str) -> str:
-    return scalar(
+    state: str = scalar(
         db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = %s", (run_id, node)
     )
+    return state
 
 
 async def test_timer_completes_by_the_database_clock_also_after_a_restart(
@@ -175,8 +176,8 @@ def test_wait_definitions_are_validated() -> None:
         (lambda: wf.wait_any("c", ["x", "x"]), "repeat a name"),
         (lambda: wf.wait_n("c", "v", 0), "n must be an int"),
         (lambda: wf.sleep("c", -1), "duration"),
-        (lambda: wf.sleep("c", None), "required"),
-        (lambda: wf.wait_signal("c", timeout="soon"), "timeout"),
+        (lambda: wf.sleep("c", None), "required"),  # type: ignore[arg-type]
+        (lambda: wf.wait_signal("c", timeout="soon"), "timeout"),  # type: ignore[arg-type]
         (lambda: wf.node("c", "@sleep"), "engine's"),
     ]
     for make, message in cases:

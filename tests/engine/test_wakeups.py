@@ -193,8 +193,8 @@ async def test_a_wakeup_reaches_only_the_workers_of_its_queue(dsn: str) -> None:
         cyclone.Client(dsn, handlers=[echo], poll_interval=3600) as worker_a,
         cyclone.Client(dsn, handlers=[echo_b], poll_interval=3600) as worker_b,
     ):
-        for w in (worker_a, worker_b):
-            await apoll_until(lambda w=w: asyncio.sleep(0, w.listening), what="LISTEN up")
+        await apoll_until(lambda: asyncio.sleep(0, worker_a.listening), what="LISTEN up")
+        await apoll_until(lambda: asyncio.sleep(0, worker_b.listening), what="LISTEN up")
         assert worker_b.worker is not None
         async with cyclone.Client(dsn) as producer:
             before = worker_b.worker.claims

@@ -270,7 +270,7 @@ async def test_cancel_run_cancels_its_steps_and_ignores_late_completion(
 
 
 async def _state(db: psycopg.Connection[Any], run_id: int, node: str, state: str) -> bool:
-    return (
+    return bool(
         scalar(
             db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = %s", (run_id, node)
         )

@@ -21,6 +21,7 @@ from cyclone.records import Schedule
 from cyclone.render import schedules_table
 from cyclone.schedules import (
     SKIP_COUNT_LIMIT,
+    ScheduleSpec,
     fire_plan,
     latest_slot,
     next_slot,
@@ -44,8 +45,18 @@ def day_slots(cron: str, zone: str, year: int, month: int, day: int) -> list[dat
     return [s.astimezone(tz) for s in slots_between(parse_cron(cron), zone, before, end)]
 
 
-def local(zone: str, *fields: int, fold: int = 0) -> datetime:
-    return datetime(*fields, tzinfo=ZoneInfo(zone), fold=fold)  # type: ignore[misc]
+def local(
+    zone: str,
+    year: int,
+    month: int,
+    day: int,
+    hour: int = 0,
+    minute: int = 0,
+    second: int = 0,
+    *,
+    fold: int = 0,
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=ZoneInfo(zone), fold=fold)
 
 
 @pytest.mark.parametrize(("zone", "fall_back"), [(LA, (2026, 11, 1)), (BERLIN, (2026, 10, 25))])
@@ -182,25 +193,26 @@ def test_schedule_spec_validates_before_anything_is_written() -> None:
     wf.node("a", kind)
     config = ClientConfig(handlers=[kind], schema="public", retention=60.0, notify=True)
 
-    def spec(target: object = kind, **options: object) -> object:
+    def spec(target: object = kind, **options: object) -> ScheduleSpec:
         return config.schedule_spec(
             "s1", target, {"x": 1}, cron="@hourly", location="UTC", options=options
         )
 
     made = spec()
-    assert made.options.queue == "q1"  # type: ignore[attr-defined]
-    assert made.options.max_attempts == 3  # type: ignore[attr-defined]
-    assert made.options.retention == 60.0  # type: ignore[attr-defined]  # client default
-    assert spec(priority=5).options.priority == 5  # type: ignore[attr-defined]
+    assert made.options.queue == "q1"
+    assert made.options.max_attempts == 3
+    assert made.options.retention == 60.0  # client default
+    assert spec(priority=5).options.priority == 5
     pinned = spec(wf)
-    assert pinned.def_version == config.compile(wf).def_version  # type: ignore[attr-defined]
-    for bad, message in [
+    assert pinned.def_version == config.compile(wf).def_version
+    cases: list[tuple[dict[str, object], str]] = [
         ({"target": wf, "queue": "x"}, "apply to a kind schedule"),
         ({"colour": "red"}, "unknown schedule option"),
         ({"priority": "high"}, "priority"),
         ({"queue": "q" * 300}, "queue"),
         ({"target": 42}, "kind"),
-    ]:
+    ]
+    for bad, message in cases:
         with pytest.raises(cyclone.ValidationError, match=message):
             spec(**bad)
     with pytest.raises(cyclone.ValidationError, match="input of schedule 's1'"):
@@ -347,6 +359,7 @@ def test_records_carry_instants_so_durations_hold_across_the_fall_back() -> None
     started, completed = DUE_PDT, SEEN_PST
     step = StepInfo.from_row(_step_info_row(started, completed))
     assert step.duration == 80.0
+    assert step.started_at is not None
     assert step.started_at.utcoffset() == timedelta(0)
     schedule = Schedule.from_row(_schedule_row(DUE_PDT))
     assert schedule.next_run_at.tzinfo is UTC
