@@ -18,6 +18,7 @@ Afterwards every run completes, every ledger row exists exactly once, no worker 
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -272,12 +273,17 @@ def test_link_cut_longer_than_the_lease_is_fenced_and_recovered(net: Net, tmp_pa
         timeout=60,
         what=f"the far host's listener to reconnect\n{net.logs()}",
     )
+    # Then the near host stops (gracefully): the new runs can only be done by the far
+    # host, with the pools and listener it has now.
+    _assert_alive(net)
+    kill(other, signal.SIGTERM)
+    assert other.wait(timeout=60) == 0, net.logs()
     second = _submit(net, runs)
     _wait_finished(net, first + second, "after the link came back")
     assert _one(
         net.admin, "SELECT count(*) FROM ledger WHERE host = %s AND id > %s", (far.netns, mark)
     ), net.logs()
-    _assert_alive(net)
+    assert cut_off.poll() is None, net.logs()
     _assert_exactly_once(net, first + second, 2 * runs, 0)
     # Fenced: the far host made the business write of each held item after the
     # restore, and none of those writes committed.
