@@ -44,14 +44,26 @@ class PgBouncer:
     Args:
         upstream_dsn: a DSN of the server to pool (its host, port and user are used).
         pool_size: ``default_pool_size``: server connections per database and user.
+        mode: ``pool_mode``: ``"transaction"`` or ``"session"``.
+        ignore_options: let clients send the ``options`` startup parameter (PgBouncer
+            then drops it: the advice some deployments follow for session mode).
     """
 
-    def __init__(self, upstream_dsn: str, *, pool_size: int = 3) -> None:
+    def __init__(
+        self,
+        upstream_dsn: str,
+        *,
+        pool_size: int = 3,
+        mode: str = "transaction",
+        ignore_options: bool = False,
+    ) -> None:
         params = conninfo_to_dict(upstream_dsn)
         self.upstream_host = str(params.get("host") or "127.0.0.1")
         self.upstream_port = int(params.get("port") or 5432)
         self.user = str(params.get("user") or "postgres")
         self.pool_size = pool_size
+        self.mode = mode
+        self.ignore = "extra_float_digits,options" if ignore_options else "extra_float_digits"
         self.port = _free_port()
         self.root = Path(tempfile.mkdtemp(prefix="cyclone-pgbouncer-"))
         self._proc: subprocess.Popen[bytes] | None = None
@@ -84,10 +96,10 @@ class PgBouncer:
             "unix_socket_dir =\n"
             "auth_type = trust\n"
             f"auth_file = {self.root / 'userlist.txt'}\n"
-            "pool_mode = transaction\n"
+            f"pool_mode = {self.mode}\n"
             f"default_pool_size = {self.pool_size}\n"
             "max_client_conn = 1000\n"
-            "ignore_startup_parameters = extra_float_digits\n"
+            f"ignore_startup_parameters = {self.ignore}\n"
             f"logfile = {self.root / 'pgbouncer.log'}\n"
             f"pidfile = {self.root / 'pgbouncer.pid'}\n"
         )

@@ -117,18 +117,18 @@ class CompletionTx:
         async_pool: AsyncConnectionPool[Any] | None,
         sync_pool: ConnectionPool[Any] | None,
         *,
-        ask_backend_pid: bool = False,
+        pinned: bool = False,
     ) -> None:
         self._slots = slots
         self._async_pool = async_pool
         self._sync_pool = sync_pool
-        self._ask_pid = ask_backend_pid
+        self._pinned = pinned
         self.async_conn: psycopg.AsyncConnection[Any] | None = None
         self.sync_conn: psycopg.Connection[Any] | None = None
         self._async_block: psycopg.AsyncTransaction | None = None
         self._sync_block: psycopg.Transaction | None = None
         self._lock = threading.Lock()  # the handler thread against the engine's end
-        self._backend_pid: int | None = None
+        self._backend: tuple[int, Any] | None = None  # (pid, xact_start) on the server
         self.ended = False
         """True once :meth:`end_from_engine` ran: the transaction is refused."""
 
@@ -157,6 +157,14 @@ class CompletionTx:
                         if not broken or not tries_left:
                             raise
                     except BaseException:
+                        await pool.putconn(conn)
+                        raise
+                if self._pinned:  # the handler's statements see the client's schema
+                    try:
+                        await fetch_async(conn, Stmt(Q.steps_tx_backend))
+                    except BaseException:
+                        with contextlib.suppress(psycopg.Error):
+                            await block.__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
                         await pool.putconn(conn)
                         raise
             except BaseException:
@@ -194,9 +202,10 @@ class CompletionTx:
                         pool.putconn(conn)
                         raise
                 try:
-                    pid = conn.info.backend_pid
-                    if self._ask_pid:  # behind a pooler the reported pid is not the server's
-                        pid = fetch_sync(conn, Stmt(Q.steps_tx_backend))[0][0]
+                    # The server's own process id and transaction start: behind any
+                    # pooler the id a connection reports is the pooler's, and a server
+                    # process outlives the transaction (the pooler lends it on).
+                    pid, started = fetch_sync(conn, Stmt(Q.steps_tx_backend))[0]
                 except BaseException:
                     with contextlib.suppress(psycopg.Error):
                         block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
@@ -212,7 +221,7 @@ class CompletionTx:
                     self._slots.release()
                     raise LeaseLost("the step timed out: its completion transaction was ended")
                 self.sync_conn, self._sync_block = conn, block
-                self._backend_pid = pid
+                self._backend = (pid, started)
         return self.sync_conn
 
     async def end_from_engine(self, pool: AsyncConnectionPool[Any]) -> bool:
@@ -222,15 +231,24 @@ class CompletionTx:
         raises :class:`cyclone.LeaseLost`, a commit becomes a rollback); if it is open,
         its server backend is terminated from a connection of ``pool``, which rolls it
         back and frees its locks now, whatever the thread is doing; the thread's next
-        statement on it fails. Returns whether a backend was terminated.
+        statement on it fails. Only that transaction is ended: the terminate names the
+        server process and the transaction's start, so a process the pooler has lent
+        to another client since is left alone. Returns whether a backend was terminated.
+
+        Raises:
+            psycopg.Error, psycopg_pool.PoolTimeout: the terminate could not be sent (the
+                transaction is still refused to the thread; the lease CAS fences it).
         """
         with self._lock:
             self.ended = True
-            pid = self._backend_pid if self.sync_conn is not None else None
-        if pid is None:
+            backend = self._backend if self.sync_conn is not None else None
+        if backend is None:
             return False
+        pid, started = backend
         async with pool.connection() as conn:
-            rows = await fetch_async(conn, Stmt(Q.steps_end_tx_backend, {"pid": pid}))
+            rows = await fetch_async(
+                conn, Stmt(Q.steps_end_tx_backend, {"pid": pid, "xact_start": started})
+            )
         return bool(rows and rows[0][0])
 
     async def close_async(self, *, commit: bool) -> None:

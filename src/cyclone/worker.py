@@ -399,7 +399,7 @@ class Worker:
             self._slots,
             self._async_tx_pool,
             self._sync_tx_pool,
-            ask_backend_pid=self.settings.behind_transaction_pooler,
+            pinned=self.settings.behind_transaction_pooler,
         )
         ctx = Context(
             run_id=step.run_id,
@@ -577,6 +577,9 @@ class Worker:
                     log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                     return None
                 tx.close_sync(commit=True)
+            except StepInterrupted:  # the engine ended the transaction: nothing committed
+                log.info("step %d (%s): timed out before its commit", step.id, step.kind)
+                return None
             except Exception as exc:
                 log.warning(
                     "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc

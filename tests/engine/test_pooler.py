@@ -152,17 +152,33 @@ def test_jobs_workflows_and_schedules_run_through_the_pooler(
 
 async def test_a_named_schema_works_through_the_pooler(bouncer: PgBouncer, empty_dsn: str) -> None:
     """With ``schema="jobs"`` the tables go into that schema, and a worker and a producer
-    find them in every transaction, though the pooler keeps no session setting."""
+    find them in every transaction, though the pooler keeps no session setting; the
+    handlers' own statements in their completion transactions (async and sync) see
+    that schema too, as they do on a direct connection."""
     pooled = bouncer.dsn(_dbname(empty_dsn))
     await cyclone.migrate_async(pooled, schema="jobs", pooler="transaction")
+    seen: list[str] = []
 
     @cyclone.step("pooled_double")
     async def double(ctx: cyclone.Context, inp: int) -> int:
+        if inp == 0:
+            tx = await ctx.completion_tx()
+            row = await (await tx.execute("SHOW search_path")).fetchone()
+            seen.append(row[0] if row else "")
         return inp * 2
+
+    @cyclone.action("pooled_sync_path")
+    def sync_path(ctx: cyclone.Context, inp: None) -> None:
+        row = ctx.completion_tx().execute("SHOW search_path").fetchone()
+        seen.append(row[0] if row else "")
 
     async with (
         cyclone.Client(
-            pooled, handlers=[double], schema="jobs", pooler="transaction", poll_interval=0.1
+            pooled,
+            handlers=[double, sync_path],
+            schema="jobs",
+            pooler="transaction",
+            poll_interval=0.1,
         ) as worker,
         cyclone.Client(pooled, schema="jobs", pooler="transaction", poll_interval=0.1) as producer,
     ):
@@ -170,6 +186,8 @@ async def test_a_named_schema_works_through_the_pooler(bouncer: PgBouncer, empty
         jobs = [await producer.enqueue(double, n) for n in range(10)]
         results = [(await producer.wait(job, timeout=60)).result for job in jobs]
         assert results == [n * 2 for n in range(10)]
+        await producer.wait(await producer.enqueue(sync_path), timeout=60)
+    assert seen == ["jobs", "jobs"]
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         where = conn.execute(
             "SELECT table_schema FROM information_schema.tables WHERE table_name = 'cyclone_runs'"
@@ -185,6 +203,21 @@ async def test_a_timed_out_sync_handler_loses_its_transaction_behind_the_pooler(
     await timed_out_sync_handler_loses_its_transaction(
         bouncer.dsn(_dbname(dsn)), db, pooler="transaction"
     )
+
+
+async def test_a_timed_out_sync_handler_loses_its_transaction_behind_a_session_pooler(
+    admin_dsn: str, dsn: str, db: Conn
+) -> None:
+    """Behind PgBouncer in session mode (``options`` ignored, schema public) too: the
+    process id the connection reports is PgBouncer's, so the engine asks the server."""
+    session = PgBouncer(admin_dsn, pool_size=20, mode="session", ignore_options=True)
+    session.start()
+    try:
+        await timed_out_sync_handler_loses_its_transaction(
+            session.dsn(_dbname(dsn)), db, pooler="session"
+        )
+    finally:
+        session.stop()
 
 
 def test_cli_commands_take_the_pooler_option(bouncer: PgBouncer, dsn: str) -> None:

@@ -83,3 +83,30 @@ async def timed_out_sync_handler_loses_its_transaction(
         wake.set()
     assert late_write, "the late write of the timed-out attempt did not fail"
     assert scalar(db, "SELECT balance FROM account") == 1
+
+
+def test_the_end_names_the_transaction_not_only_the_process(dsn: str) -> None:
+    """A server process that has moved on to another transaction (a pooler lent it on,
+    or the pool handed the connection to the next step) is not terminated: the end
+    names the process and the transaction's start."""
+    from cyclone.dbio import Stmt, fetch_sync
+    from cyclone.sql import Q
+
+    held = psycopg.connect(dsn)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as engine:
+            pid, started = fetch_sync(held, Stmt(Q.steps_tx_backend))[0]
+            held.rollback()  # that transaction ends; the process goes on
+            fetch_sync(held, Stmt(Q.steps_tx_backend))  # ... in a new transaction
+            ended = fetch_sync(
+                engine, Stmt(Q.steps_end_tx_backend, {"pid": pid, "xact_start": started})
+            )
+            assert ended == []
+            assert held.execute("SELECT 1").fetchone() == (1,)  # still alive
+            _, current = fetch_sync(held, Stmt(Q.steps_tx_backend))[0]
+            ended = fetch_sync(
+                engine, Stmt(Q.steps_end_tx_backend, {"pid": pid, "xact_start": current})
+            )
+            assert ended == [(True,)]
+    finally:
+        held.close()

@@ -887,18 +887,22 @@ LIMIT %(limit)s;
 
 
 -- name: steps_tx_backend
--- The server process of the current completion transaction (behind a transaction
--- pooler the process id the connection reports is the pooler's, not the server's).
-SELECT pg_backend_pid();
+-- The server process of the current completion transaction and the transaction's start
+-- (what pg_stat_activity shows as xact_start): behind a pooler the process id the
+-- connection reports is the pooler's, and the process serves other clients once the
+-- transaction ends. On a connection pinned to a schema (a transaction pooler) this
+-- statement also sets the schema for the handler's own statements.
+SELECT pg_backend_pid(), now();
 
 
 -- name: steps_end_tx_backend
 -- End the completion transaction of a sync handler that overran its timeout: terminate
--- its server process (which rolls the transaction back and releases its locks) if it is
--- still in a transaction. An idle process (the transaction ended meanwhile) is left
--- alone. The engine's role may signal processes of its own role.
+-- its server process (which rolls the transaction back and releases its locks) while
+-- that process still runs that transaction. A process whose transaction ended, or that
+-- a pooler lent on to another client since, is left alone. The engine's role may
+-- signal processes of its own role.
 SELECT pg_terminate_backend(a.pid)
 FROM pg_stat_activity a
 WHERE a.pid = %(pid)s
-  AND a.backend_type = 'client backend'
-  AND a.state IS DISTINCT FROM 'idle';
+  AND a.xact_start = %(xact_start)s
+  AND a.backend_type = 'client backend';
