@@ -28,11 +28,16 @@ from datetime import timedelta
 from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, ConnectionSettings
+from cyclone.connections import (
+    DEFAULT_TCP_USER_TIMEOUT,
+    ConnectionSettings,
+    borrow_async,
+    connect_failure,
+)
 from cyclone.dbio import (
     Plan,
     Stmt,
@@ -42,7 +47,6 @@ from cyclone.dbio import (
     run_plan_async,
 )
 from cyclone.errors import (
-    DatabaseUnavailable,
     NotFoundError,
     PoolTooSmallError,
     StateError,
@@ -209,6 +213,8 @@ class Client:
             raise ValidationError(
                 f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
             )
+        if connect_timeout is None:
+            raise ValidationError("connect_timeout must be a timedelta or seconds, got None")
         self.connect_timeout = (
             seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
         )
@@ -310,7 +316,10 @@ class Client:
         See :func:`cyclone.migrate`; returns the versions applied.
         """
         return await migrate_async(
-            self._conninfo, schema=self.config.schema, pooler=self.settings.pooler
+            self._conninfo,
+            schema=self.config.schema,
+            pooler=self.settings.pooler,
+            connect_timeout=self.connect_timeout,
         )
 
     def _new_pools(self) -> tuple[AsyncConnectionPool[Any], AsyncConnectionPool[Any]]:
@@ -347,15 +356,9 @@ class Client:
             # One direct connection first: a bad DSN fails at once with the server's
             # message (not after the pool's timeout), a missing schema with its remedy.
             try:
-                await check_schema_async(
-                    self._conninfo, schema=self.config.schema, pooler=self.settings.pooler
-                )
-            except DatabaseUnavailable:
-                raise
+                await check_schema_async(self._conninfo, settings=self.settings)
             except psycopg.OperationalError as exc:
-                raise DatabaseUnavailable(
-                    f"cannot connect to the database: {str(exc).strip()}"
-                ) from exc
+                raise connect_failure(exc) from exc
             await self._engine_pool.open()
             self._publisher = Publisher(self._engine_pool, coalesce=self.notify_coalesce)
             self._publisher.start()
@@ -602,29 +605,7 @@ class Client:
         """A connection for a producer or inspection call: the pool passed in, else the
         engine pool."""
         await self._open()
-        async with self._borrow(self._user_pool or self._engine_pool) as conn:
-            yield conn
-
-    @contextlib.asynccontextmanager
-    async def _borrow(
-        self, pool: AsyncConnectionPool[Any]
-    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A connection of ``pool`` within ``connect_timeout``.
-
-        Raises:
-            DatabaseUnavailable: none came in time (the server is down or unreachable).
-        """
-        async with contextlib.AsyncExitStack() as stack:
-            try:
-                conn = await stack.enter_async_context(
-                    pool.connection(timeout=self.connect_timeout)
-                )
-            except PoolTimeout as exc:
-                raise DatabaseUnavailable(
-                    f"no connection to the database within {self.connect_timeout:g} s "
-                    "(is the server up and reachable?)"
-                ) from exc
-            self.settings.prepare(conn)  # a pool passed in is not configured by us
+        async with borrow_async(self._user_pool or self._engine_pool, self.settings) as conn:
             yield conn
 
     async def enqueue(
@@ -1126,7 +1107,7 @@ class Client:
     async def _engine_connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """An engine connection (autocommit, READ COMMITTED), whatever pool was given."""
         await self._open()
-        async with self._borrow(self._engine_pool) as conn:
+        async with borrow_async(self._engine_pool, self.settings) as conn:
             yield conn
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109

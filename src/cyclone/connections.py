@@ -24,26 +24,32 @@ minutes).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from cyclone.dbio import pin_search_path
-from cyclone.errors import ValidationError
+from cyclone.errors import DatabaseUnavailable, ValidationError
 
 __all__ = [
+    "BUSY_POOL_WAIT",
     "DEFAULT_TCP_USER_TIMEOUT",
     "POOLERS",
     "POOLER_ENV",
     "ConnectionSettings",
     "Pooler",
+    "borrow_async",
+    "borrow_sync",
     "check_schema_name",
+    "connect_failure",
     "engine_conninfo",
     "keepalive_params",
     "resolve_pooler",
@@ -258,3 +264,84 @@ class ConnectionSettings:
             self.prepare(conn)
 
         return configure
+
+
+BUSY_POOL_WAIT = 30.0
+"""Seconds in all a call waits for a connection of a pool whose connections are all
+busy while the database answers (a burst of calls, not an outage)."""
+
+
+def _unavailable(settings: ConnectionSettings, reason: str) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"no connection to the database within {settings.connect_timeout:g} s: {reason}"
+    )
+
+
+def _reason(exc: psycopg.Error) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+@contextlib.asynccontextmanager
+async def borrow_async(
+    pool: AsyncConnectionPool[Any], settings: ConnectionSettings
+) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A connection of ``pool`` for a producer or inspection call, prepared for
+    ``settings`` (a pool passed in by the caller is not configured by Cyclone).
+
+    Waits ``settings.connect_timeout`` seconds; if no connection came, a direct
+    connection tells an outage (raised at once) from a pool whose connections are all
+    busy (then the wait goes on, :data:`BUSY_POOL_WAIT` seconds in all).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached (nothing was sent).
+        psycopg_pool.PoolTimeout: the database answers but no connection of the pool
+            came free within :data:`BUSY_POOL_WAIT` seconds.
+    """
+    timeout = settings.connect_timeout or BUSY_POOL_WAIT
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            conn = await stack.enter_async_context(pool.connection(timeout=timeout))
+        except PoolTimeout:
+            try:
+                probe = await psycopg.AsyncConnection.connect(
+                    settings.conninfo_for("cyclone-probe"), **settings.kwargs(autocommit=True)
+                )
+            except psycopg.Error as exc:
+                raise _unavailable(settings, _reason(exc)) from exc
+            await probe.close()
+            rest = max(0.1, BUSY_POOL_WAIT - timeout)
+            conn = await stack.enter_async_context(pool.connection(timeout=rest))
+        settings.prepare(conn)
+        yield conn
+
+
+@contextlib.contextmanager
+def borrow_sync(
+    pool: ConnectionPool[Any], settings: ConnectionSettings
+) -> Iterator[psycopg.Connection[Any]]:
+    """The synchronous twin of :func:`borrow_async`."""
+    timeout = settings.connect_timeout or BUSY_POOL_WAIT
+    with contextlib.ExitStack() as stack:
+        try:
+            conn = stack.enter_context(pool.connection(timeout=timeout))
+        except PoolTimeout:
+            try:
+                probe = psycopg.connect(
+                    settings.conninfo_for("cyclone-probe"), **settings.kwargs(autocommit=True)
+                )
+            except psycopg.Error as exc:
+                raise _unavailable(settings, _reason(exc)) from exc
+            probe.close()
+            rest = max(0.1, BUSY_POOL_WAIT - timeout)
+            conn = stack.enter_context(pool.connection(timeout=rest))
+        settings.prepare(conn)
+        yield conn
+
+
+def connect_failure(exc: psycopg.OperationalError) -> DatabaseUnavailable:
+    """The error of a client that could not open its first connection: the server is
+    down, unreachable or refusing connections, or it rejected this one (the message
+    gives the server's reason: a wrong database name, a failed authentication)."""
+    if isinstance(exc, DatabaseUnavailable):
+        return exc
+    return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")

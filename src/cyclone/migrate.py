@@ -26,6 +26,7 @@ from psycopg import sql
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import Stmt, fetch_async, fetch_sync
 from cyclone.errors import ConfigurationError
+from cyclone.options import HOUR, Duration, seconds
 from cyclone.sql import Q
 
 __all__ = [
@@ -62,7 +63,13 @@ def available_migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-def migrate(conninfo: str, *, schema: str = "public", pooler: str | None = None) -> list[int]:
+def migrate(
+    conninfo: str,
+    *,
+    schema: str = "public",
+    pooler: str | None = None,
+    connect_timeout: Duration = 10.0,
+) -> list[int]:
     """Bring the database at ``conninfo`` to the newest schema.
 
     Args:
@@ -72,6 +79,8 @@ def migrate(conninfo: str, *, schema: str = "public", pooler: str | None = None)
             pooler, ``"session"`` otherwise; default ``$CYCLONE_POOLER``, else
             ``"session"``. Migration is safe through a pooler either way; the mode
             decides whether the schema may travel as a startup option.
+        connect_timeout: seconds to wait for the connection (``timedelta`` or seconds,
+            default 10), unless ``conninfo`` sets libpq's ``connect_timeout``.
 
     Returns:
         The versions applied by this call, in order; empty when already current.
@@ -80,7 +89,10 @@ def migrate(conninfo: str, *, schema: str = "public", pooler: str | None = None)
         ValidationError: ``schema`` is not a plain identifier, or a bad ``pooler``.
         psycopg.OperationalError: the database cannot be reached.
     """
-    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
+    limit = seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR)
+    settings = ConnectionSettings.build(
+        conninfo, schema=schema, pooler=pooler, connect_timeout=limit
+    )
     migrations = available_migrations()
     applied: list[int] = []
     with psycopg.connect(
@@ -126,8 +138,17 @@ def _judge(current: int | None, schema: str) -> None:
         )
 
 
-def check_schema(conninfo: str, *, schema: str = "public", pooler: str | None = None) -> None:
+def check_schema(
+    conninfo: str,
+    *,
+    schema: str = "public",
+    pooler: str | None = None,
+    settings: ConnectionSettings | None = None,
+) -> None:
     """Connect once and check that the schema is installed and current.
+
+    ``settings`` (a client's) replaces ``conninfo``, ``schema`` and ``pooler``, with its
+    connect and TCP timeouts.
 
     Raises:
         ConfigurationError: the schema is missing or older than this Cyclone.
@@ -135,7 +156,7 @@ def check_schema(conninfo: str, *, schema: str = "public", pooler: str | None = 
         psycopg.OperationalError: the database cannot be reached (at once, with the
             server's own message).
     """
-    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
+    settings = settings or ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
     with psycopg.connect(
         settings.conninfo_for("cyclone"), **settings.kwargs(autocommit=True)
     ) as conn:
@@ -148,10 +169,14 @@ def check_schema(conninfo: str, *, schema: str = "public", pooler: str | None = 
 
 
 async def check_schema_async(
-    conninfo: str, *, schema: str = "public", pooler: str | None = None
+    conninfo: str,
+    *,
+    schema: str = "public",
+    pooler: str | None = None,
+    settings: ConnectionSettings | None = None,
 ) -> None:
     """:func:`check_schema` from asyncio code."""
-    settings = ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
+    settings = settings or ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
     conn = await psycopg.AsyncConnection.connect(
         settings.conninfo_for("cyclone"), **settings.kwargs(autocommit=True)
     )
@@ -165,7 +190,13 @@ async def check_schema_async(
 
 
 async def migrate_async(
-    conninfo: str, *, schema: str = "public", pooler: str | None = None
+    conninfo: str,
+    *,
+    schema: str = "public",
+    pooler: str | None = None,
+    connect_timeout: Duration = 10.0,
 ) -> list[int]:
     """:func:`migrate` from asyncio code, run in a worker thread."""
-    return await asyncio.to_thread(migrate, conninfo, schema=schema, pooler=pooler)
+    return await asyncio.to_thread(
+        migrate, conninfo, schema=schema, pooler=pooler, connect_timeout=connect_timeout
+    )

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
-from cyclone.connections import DEFAULT_TCP_USER_TIMEOUT, ConnectionSettings
+from cyclone.connections import (
+    DEFAULT_TCP_USER_TIMEOUT,
+    ConnectionSettings,
+    borrow_sync,
+    connect_failure,
+)
 from cyclone.dbio import Plan, Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import (
-    DatabaseUnavailable,
     NotFoundError,
     StateError,
     ValidationError,
@@ -116,6 +120,8 @@ class SyncClient:
             notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
+        if connect_timeout is None:
+            raise ValidationError("connect_timeout must be a timedelta or seconds, got None")
         self.connect_timeout = (
             seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
         )
@@ -161,7 +167,12 @@ class SyncClient:
 
     def migrate(self) -> list[int]:
         """Apply missing migrations (see :func:`cyclone.migrate`)."""
-        return migrate(self._conninfo, schema=self.config.schema, pooler=self.settings.pooler)
+        return migrate(
+            self._conninfo,
+            schema=self.config.schema,
+            pooler=self.settings.pooler,
+            connect_timeout=self.connect_timeout,
+        )
 
     def open(self) -> None:
         """Check the schema and open the pool (done on first use).
@@ -172,13 +183,9 @@ class SyncClient:
         """
         if not self._opened:
             try:
-                check_schema(self._conninfo, schema=self.config.schema, pooler=self.settings.pooler)
-            except DatabaseUnavailable:
-                raise
+                check_schema(self._conninfo, settings=self.settings)
             except psycopg.OperationalError as exc:
-                raise DatabaseUnavailable(
-                    f"cannot connect to the database: {str(exc).strip()}"
-                ) from exc
+                raise connect_failure(exc) from exc
             if self._own_pool:
                 self._pool.open()
             self._opened = True
@@ -204,15 +211,7 @@ class SyncClient:
             DatabaseUnavailable: none came in time (the server is down or unreachable).
         """
         self.open()
-        with ExitStack() as stack:
-            try:
-                conn = stack.enter_context(self._pool.connection(timeout=self.connect_timeout))
-            except PoolTimeout as exc:
-                raise DatabaseUnavailable(
-                    f"no connection to the database within {self.connect_timeout:g} s "
-                    "(is the server up and reachable?)"
-                ) from exc
-            self.settings.prepare(conn)  # a pool passed in is not configured by us
+        with borrow_sync(self._pool, self.settings) as conn:
             yield conn
 
     def _publish(
