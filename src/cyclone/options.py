@@ -95,7 +95,8 @@ def check_text(value: Any, name: str, *, max_bytes: int = MAX_KEY_BYTES) -> str:
     except UnicodeEncodeError:
         raise ValidationError(f"{name} holds a lone surrogate, not UTF-8: {value!a}") from None
     if size > max_bytes:
-        raise ValidationError(f"{name} is {size} bytes, over the {max_bytes}-byte cap: {value!r}")
+        shown = value if len(value) <= 80 else f"{value[:80]}..."
+        raise ValidationError(f"{name} is {size} bytes, over the {max_bytes}-byte cap: {shown!r}")
     return value
 
 

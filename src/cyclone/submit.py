@@ -255,7 +255,13 @@ def submit_plan(request: SubmitRequest) -> Plan[Submitted]:
             {"workflow": request.workflow.name, "submit_key": request.submit_key},
         )
         if rows:
-            return Submitted(run_id=rows[0][0], duplicate=True)
+            run_id, def_version = rows[0]
+            if def_version == "job":
+                raise StateError(
+                    f"submit_key {request.submit_key!r} is held by run {run_id}, a job of "
+                    f"kind {request.workflow.name!r}, not a run of that workflow"
+                )
+            return Submitted(run_id=run_id, duplicate=True)
     raise StateError(
         f"submit_key {request.submit_key!r} of workflow {request.workflow.name!r} kept changing"
     )

@@ -296,3 +296,16 @@ def _enqueue_sync(client: cyclone.SyncClient, call: str, options: dict[str, Any]
     if call == "one":
         return client.enqueue("echo", 1, **options)
     return client.enqueue_many("echo", [1, 2], **options)
+
+
+async def test_a_key_held_by_a_job_of_the_same_name_is_named(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """The other way round: a submit never returns a job's run as its duplicate."""
+    wf = cyclone.Workflow("clash")
+    wf.node("only", echo)
+    async with cyclone.Client(dsn) as client:
+        job = await client.enqueue("clash", 1, submit_key="k")
+        with pytest.raises(cyclone.StateError, match=rf"held by run {job.run_id}, a job"):
+            await client.submit(wf, 1, submit_key="k")
+    assert db.execute("SELECT count(*) FROM cyclone_runs").fetchone() == (1,)

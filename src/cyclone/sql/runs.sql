@@ -204,8 +204,9 @@ SELECT id FROM run;
 
 
 -- name: runs_find_submit_key
--- The run that holds (workflow, submit_key): the run a duplicate submit returns.
-SELECT id
+-- The run that holds (workflow, submit_key): the run a duplicate submit returns, and
+-- its def_version ('job' for a standalone job of a kind with the workflow's name).
+SELECT id, def_version
 FROM cyclone_runs
 WHERE workflow = %(workflow)s
   AND submit_key = %(submit_key)s;
