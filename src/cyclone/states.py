@@ -87,6 +87,18 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.PENDING, S.AVAILABLE): "DAG advance: its last parent completed (completion transaction)",
     (S.PENDING, S.WAITING_TIMER): "DAG advance reached a sleep node (completion transaction)",
     (S.PENDING, S.WAITING_SIGNAL): "DAG advance reached a signal wait (completion transaction)",
+    (S.PENDING, S.WAITING_CHILD): "DAG advance reached a child node (completion transaction)",
+    (S.PENDING, S.COMPLETED): (
+        "fan-out scanner: every item of the fan-out node completed (or its list was empty)"
+    ),
+    (S.PENDING, S.DISCARDED): (
+        "fan-out scanner: the node's input is not a list, or over max_items or max_bytes; "
+        "an item of the node discarded (discard transaction)"
+    ),
+    (S.WAITING_CHILD, S.COMPLETED): "child scanner: the child run completed",
+    (S.WAITING_CHILD, S.DISCARDED): (
+        "child scanner: the child run failed or was cancelled, or its input cannot be built"
+    ),
     (S.WAITING_TIMER, S.COMPLETED): "wait scanner: scheduled_at passed",
     (S.WAITING_SIGNAL, S.COMPLETED): "signal delivery or wait scanner: the mailbox holds enough",
     (S.WAITING_SIGNAL, S.DISCARDED): "wait scanner: the wait's timeout passed (signal_timeout)",
@@ -97,10 +109,18 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.PAUSED, S.AVAILABLE): "resume: all parents completed",
     (S.PAUSED, S.WAITING_TIMER): "resume: a reached sleep node starts its wait",
     (S.PAUSED, S.WAITING_SIGNAL): "resume: a reached signal wait starts its wait",
+    (S.PAUSED, S.WAITING_CHILD): "resume: a reached child node waits for its child run",
+    (S.PAUSED, S.DISCARDED): "an item of a paused run's fan-out node discarded",
     (S.DISCARDED, S.AVAILABLE): "operator retry (parents completed)",
     (S.DISCARDED, S.PENDING): "operator retry (a parent not completed)",
     (S.CANCELLED, S.AVAILABLE): "operator retry (parents completed)",
     (S.CANCELLED, S.PENDING): "operator retry (a parent not completed)",
+    (S.DISCARDED, S.WAITING_TIMER): "operator retry of a sleep node (parents completed)",
+    (S.DISCARDED, S.WAITING_SIGNAL): "operator retry of a signal wait (parents completed)",
+    (S.DISCARDED, S.WAITING_CHILD): "operator retry of a child node (parents completed)",
+    (S.CANCELLED, S.WAITING_TIMER): "operator retry of a sleep node (parents completed)",
+    (S.CANCELLED, S.WAITING_SIGNAL): "operator retry of a signal wait (parents completed)",
+    (S.CANCELLED, S.WAITING_CHILD): "operator retry of a child node (parents completed)",
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
