@@ -36,6 +36,10 @@ class Periodic:
         """One pass; True asks for the next pass at once (more work is waiting)."""
         raise NotImplementedError
 
+    def next_delay(self) -> float:
+        """Seconds from the end of a pass to the next: ``interval``, with jitter."""
+        return self.interval * (random.uniform(0.9, 1.1) if self._jitter else 1.0)
+
     def kick(self) -> None:
         """Run the next pass now rather than at the next interval."""
         self._kick.set()
@@ -57,9 +61,8 @@ class Periodic:
             self.passes += 1
             if again:
                 continue
-            delay = self.interval * (random.uniform(0.9, 1.1) if self._jitter else 1.0)
             try:
-                async with asyncio.timeout(delay):
+                async with asyncio.timeout(self.next_delay()):
                     await self._kick.wait()
             except TimeoutError:
                 pass

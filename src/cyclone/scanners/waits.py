@@ -162,6 +162,12 @@ class WaitScanner(Periodic):
         else:
             self.kick()
 
+    def next_delay(self) -> float:
+        """Seconds until the next full pass is due: a fan-out pass in between does not
+        push timers, signals, deadlines and child runs back."""
+        since = asyncio.get_running_loop().time() - self._last_full
+        return max(0.0, min(super().next_delay(), self.interval - since))
+
     async def pass_once(self) -> bool:
         """A full :meth:`scan_once` when kicked for one or ``interval`` seconds after the
         last; else (kicked by :meth:`kick_fan_outs` only) :meth:`scan_fan_outs`."""
@@ -288,7 +294,11 @@ class WaitScanner(Periodic):
                         continue
                     if node.over_length:
                         # Not expanded yet: every completion that reaches a fan-out node
-                        # expands it in its own transaction, so this is not seen.
+                        # expands it in its own transaction; one reached another way
+                        # (nothing does today) is expanded here rather than left hanging.
+                        rows = await fetch_async(conn, expand_stmt([node.run_id]))
+                        woken |= parse_completed([[], rows])[2]
+                        changed += 1
                         continue
                 else:
                     room = None if node.parallel == 0 else node.parallel - node.active
