@@ -341,6 +341,13 @@ class Addition:
 
 ADDITIONS: dict[int, Addition] = {
     2: Addition(columns={("cyclone_steps", "fan_out_max_items"): Col(INTEGER, NULLABLE)}),
+    3: Addition(
+        indexes={
+            "idx_runs_active_children": Index(
+                RUNS, ("parent_run_id",), pred_has=("parent_run_id IS NOT NULL", "'running'")
+            )
+        }
+    ),
 }
 
 VERSIONS = [1, *ADDITIONS]
@@ -720,7 +727,7 @@ def test_schema_version_records_every_version(db: Conn) -> None:
     rows = db.execute(
         "SELECT version, applied_at <= now() FROM cyclone_schema_version ORDER BY version"
     ).fetchall()
-    assert rows == [(1, True), (2, True)]
+    assert rows == [(version, True) for version in VERSIONS]
 
 
 def documented_additions() -> dict[int, set[str]]:

@@ -8,6 +8,7 @@ the schema made for it, and never scan cyclone_steps sequentially nor sort it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import psycopg
@@ -140,3 +141,40 @@ def test_schedule_claim_uses_the_due_index(db: psycopg.Connection[Any]) -> None:
     )
     assert "idx_schedules_due" in text
     assert "Seq Scan" not in text
+
+
+def test_active_child_run_lookups_read_only_active_child_runs(
+    db: psycopg.Connection[Any],
+) -> None:
+    """The orphan backstop (every full scanner pass) and the purge's live-descendant
+    guard find active child runs through idx_runs_active_children; the backstop never
+    reads the 20,000 finished child runs kept for retention, only the 5 active ones
+    (the purge reads its candidates, the terminal runs, by its nature)."""
+    db.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version) "
+        "SELECT 'k', 'job' FROM generate_series(1, 20000)"
+    )
+    db.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version, state, finished_at, parent_run_id,"
+        " parent_node_id) SELECT 'c', 'v', 'completed', now(), g, 'n'"
+        " FROM generate_series(1, 20000) g"
+    )
+    db.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version, parent_run_id, parent_node_id) "
+        "SELECT 'c', 'v', g, 'm' FROM generate_series(1, 5) g"
+    )
+    db.execute("ANALYZE cyclone_runs")
+    for stmt in (
+        Stmt(Q.steps_orphaned_children, {"limit": 200}),
+        Stmt(Q.runs_purge, {"older_than_us": None, "limit": 500}),
+    ):
+        with db.transaction(force_rollback=True):
+            row = db.execute(
+                b"EXPLAIN (ANALYZE, FORMAT JSON) " + stmt.sql.encode(), stmt.params
+            ).fetchone()
+        assert row is not None
+        text = json.dumps(row[0])
+        assert "idx_runs_active_children" in text, text
+        if stmt.sql is Q.steps_orphaned_children:
+            removed = [int(n) for n in re.findall(r'"Rows Removed by Filter": (\d+)', text)]
+            assert all(n < 100 for n in removed), removed
