@@ -369,7 +369,8 @@ class Client:
 
         Raises:
             ConfigurationError: Cyclone's schema is not installed (run ``migrate``).
-            psycopg.OperationalError: the database cannot be reached.
+            DatabaseUnavailable: the first connection failed (down, unreachable within
+                ``connect_timeout``, or refused: the message gives the server's reason).
         """
         if self._started:
             return

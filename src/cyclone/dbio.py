@@ -114,7 +114,8 @@ def _layout(
 async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
     """Run one statement; its rows as tuples (empty for a statement with no result).
 
-    Works on a connection in pipeline mode too (fetching forces the results).
+    Works on a connection in pipeline mode too (fetching forces the results), except a
+    connection pinned by :func:`pin_search_path` (its statements go as one script).
     """
     if conn in _PINNED:
         return (await batch_async(conn, [stmt], transaction=False))[0]

@@ -87,7 +87,8 @@ def migrate(
 
     Raises:
         ValidationError: ``schema`` is not a plain identifier, or a bad ``pooler``.
-        psycopg.OperationalError: the database cannot be reached.
+        psycopg.OperationalError: the database cannot be reached (within
+            ``connect_timeout``).
     """
     limit = seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR)
     settings = ConnectionSettings.build(

@@ -179,7 +179,8 @@ class SyncClient:
 
         Raises:
             ConfigurationError: the schema is not installed or not current.
-            psycopg.OperationalError: the database cannot be reached.
+            DatabaseUnavailable: the first connection failed (down, unreachable within
+                ``connect_timeout``, or refused: the message gives the server's reason).
         """
         if not self._opened:
             try:

@@ -459,8 +459,9 @@ def retry_plan(
 ) -> Plan[tuple[int, set[str], list[int]]]:
     """Operator retry in the current transaction, the whole run tree included: a reset
     child node reopens its existing child run, retried the same way, so its own reset
-    child nodes reopen theirs, down to the last level (decisions.md, Operator retry). A
-    grandchild left failed or cancelled would make its parent node fail again at once.
+    child nodes reopen theirs, down to the last level (docs/workflows.md, "Pause,
+    resume and operator retry"). A grandchild left failed or cancelled would make its
+    parent node fail again at once.
 
     Runs are locked and retried in ascending id order (a min-heap: a child run's id is
     larger than its parent's), the order of every other writer (runs_lock).

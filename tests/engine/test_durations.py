@@ -1,5 +1,5 @@
 """Every public duration takes a ``timedelta`` or seconds, and refuses anything else
-with a ValidationError that names the value (decisions.md, Jobs)."""
+with a ValidationError that names the value (docs/jobs.md)."""
 
 from __future__ import annotations
 

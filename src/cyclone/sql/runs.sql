@@ -254,8 +254,10 @@ WHERE cancelled_run.id = %(run_id)s;
 -- parent is terminal or gone (rows from before this rule) or when the child node that
 -- started it ended without completing (fail-fast, a cancelled branch). Runs after the
 -- statements that ended the parents, in their transaction: it sees them. The child runs
--- are locked here in id order, after their parents (a child's id is larger): the order
--- of every writer. Rows, shaped like those of steps_complete_dag for parse_completed:
+-- are locked here in id order, after their parents (a child's id is larger). When the
+-- transaction holds several runs, a child's id may fall between two of them, so two
+-- such transactions can deadlock; PostgreSQL then fails one, whose statements the
+-- engine's loops retry (rare: it takes two multi-run batches over one run tree). Rows, shaped like those of steps_complete_dag for parse_completed:
 -- one per run cancelled (no step id, run_finished true), to announce on
 -- cyclone_run_done after the commit. Nothing to cancel costs one index probe per run.
 WITH RECURSIVE tree (id) AS (
