@@ -20,6 +20,8 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.throwaway import free_port
+
 __all__ = ["PgBouncer", "available"]
 
 _BINARY = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -30,12 +32,6 @@ def available() -> bool:
     if not Path(_BINARY).exists():
         return False
     return os.geteuid() != 0 or shutil.which("runuser") is not None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgBouncer:
@@ -64,7 +60,7 @@ class PgBouncer:
         self.pool_size = pool_size
         self.mode = mode
         self.ignore = "extra_float_digits,options" if ignore_options else "extra_float_digits"
-        self.port = _free_port()
+        self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="cyclone-pgbouncer-"))
         self._proc: subprocess.Popen[bytes] | None = None
 

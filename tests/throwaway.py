@@ -42,7 +42,8 @@ def available() -> bool:
     return _bin_dir() is not None and (os.geteuid() != 0 or shutil.which("runuser") is not None)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -71,7 +72,7 @@ class ThrowawayServer:
         self._bins = bins
         self.root = Path(tempfile.mkdtemp(prefix="cyclone-throwaway-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._netns = netns
         self._listen = ",".join(listen)
         self._hba = list(hba)

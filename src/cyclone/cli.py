@@ -29,8 +29,9 @@ from psycopg_pool import ConnectionPool
 from rich.console import Console, RenderableType
 
 from cyclone import monitor, render
+from cyclone.cli_options import connection_options, json_option, limit_option, pooler_option
 from cyclone.client import Client
-from cyclone.connections import POOLER_ENV, POOLERS, ConnectionSettings
+from cyclone.connections import ConnectionSettings
 from cyclone.errors import CycloneError
 from cyclone.handlers import Handler
 from cyclone.migrate import migrate as run_migrate
@@ -65,41 +66,6 @@ class _UsageLine(click.ClickException):
     exit_code = 2
 
 
-dsn_option = click.option(
-    "--dsn",
-    envvar="CYCLONE_DSN",
-    required=True,
-    help="PostgreSQL connection string or URL (default: $CYCLONE_DSN).",
-)
-schema_option = click.option(
-    "--schema", default="public", show_default=True, help="Postgres schema of Cyclone's tables."
-)
-
-
-def _set_pooler(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    # Through the environment, so that every client of this process (and of the worker
-    # processes the demo starts) applies it, the app's own clients included.
-    if value:
-        os.environ[POOLER_ENV] = value
-
-
-pooler_option = click.option(
-    "--pooler",
-    type=click.Choice(POOLERS),
-    envvar=POOLER_ENV,
-    expose_value=False,
-    callback=_set_pooler,
-    help="'transaction' when the DSN goes through a transaction-mode pooler such as "
-    "PgBouncer (default: $CYCLONE_POOLER, else 'session').",
-)
-json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of a table."
-)
-limit_option = click.option(
-    "--limit", default=50, show_default=True, type=int, help="Show at most this many rows."
-)
-
-
 @click.group(cls=_Group)
 @click.option(
     "--log-level",
@@ -115,9 +81,7 @@ def main(log_level: str) -> None:
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 def migrate(dsn: str, schema: str) -> None:
     """Create or upgrade Cyclone's tables (safe to run at every start)."""
     applied = run_migrate(dsn, schema=schema)
@@ -254,9 +218,7 @@ def _listing(rows: Sequence[Any], as_json: bool, table: Callable[[Any], Any], em
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.option("--state", help="Only runs in this state (running, paused, completed, ...).")
 @click.option("--workflow", help="Only runs of this workflow (or kind, for a job).")
 @limit_option
@@ -279,9 +241,7 @@ def runs(
 
 
 @main.command("run")
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.argument("run_id", metavar="RUN", type=int)
 @json_option
 def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
@@ -302,9 +262,7 @@ def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.option("--run", "run_id", type=int, help="Only the steps of this run.")
 @click.option("--state", help="Only steps in this state (available, running, discarded, ...).")
 @click.option("--kind", help="Only steps of this kind.")
@@ -332,9 +290,7 @@ def steps(
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @json_option
 def queues(dsn: str, schema: str, as_json: bool) -> None:
     """Unfinished work per queue: available, running, waiting, oldest age, expired leases."""
@@ -344,9 +300,7 @@ def queues(dsn: str, schema: str, as_json: bool) -> None:
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @json_option
 def kinds(dsn: str, schema: str, as_json: bool) -> None:
     """Steps per kind and state, oldest available age, expired leases."""
@@ -356,9 +310,7 @@ def kinds(dsn: str, schema: str, as_json: bool) -> None:
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @json_option
 def schedules(dsn: str, schema: str, as_json: bool) -> None:
     """Cron schedules with their next fire time in their own zone, last run and errors."""
@@ -369,9 +321,7 @@ def schedules(dsn: str, schema: str, as_json: bool) -> None:
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.option(
     "--older-than",
     type=click.FloatRange(min=0),
@@ -390,9 +340,7 @@ def purge(dsn: str, schema: str, older_than: float | None, as_json: bool) -> Non
 
 
 @main.command("signal")
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.argument("run_id", metavar="RUN", type=int)
 @click.argument("name")
 @click.argument("payload", required=False)
@@ -423,9 +371,7 @@ def _run_control(name: str, done: str, doc: str) -> None:
     """Register ``cyclone NAME RUN``: the SyncClient call of that name on the run."""
 
     @main.command(name, help=doc)
-    @dsn_option
-    @schema_option
-    @pooler_option
+    @connection_options
     @click.argument("run_id", metavar="RUN", type=int)
     def command(dsn: str, schema: str, run_id: int) -> None:
         with _database(dsn, schema) as db:
@@ -442,9 +388,7 @@ for _name, _done, _doc in (
 
 
 @main.command()
-@dsn_option
-@schema_option
-@pooler_option
+@connection_options
 @click.argument("run_id", metavar="RUN", type=int)
 @click.option("--node", help="Retry only this node and the nodes below it.")
 @click.option(

@@ -243,17 +243,3 @@ def test_cli_commands_take_the_pooler_option(bouncer: PgBouncer, dsn: str) -> No
     refused = cyclone_cli("runs", "--json")
     assert refused.returncode == 1
     assert "options" in refused.stderr
-
-
-def test_pooler_values_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bad ``pooler=`` or ``$CYCLONE_POOLER`` is refused naming the value."""
-    with pytest.raises(cyclone.ValidationError, match="got 'statement'"):
-        cyclone.SyncClient("dbname=x", pooler="statement")
-    with pytest.raises(cyclone.ValidationError, match="got 'bogus'"):
-        cyclone.Client("dbname=x", pooler="bogus")
-    monkeypatch.setenv("CYCLONE_POOLER", "sometimes")
-    with pytest.raises(cyclone.ValidationError, match=r"\$CYCLONE_POOLER .*'sometimes'"):
-        cyclone.Client("dbname=x")
-    monkeypatch.setenv("CYCLONE_POOLER", "transaction")
-    assert cyclone.Client("dbname=x").settings.pooler == "transaction"
-    assert cyclone.SyncClient("dbname=x", pooler="session").settings.pooler == "session"

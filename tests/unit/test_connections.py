@@ -68,3 +68,17 @@ def test_a_bad_tcp_user_timeout_is_refused(bad: Any) -> None:
     for make in (cyclone.Client, cyclone.SyncClient):
         with pytest.raises(cyclone.ValidationError, match="tcp_user_timeout"):
             make(DSN, tcp_user_timeout=bad)
+
+
+def test_pooler_values_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bad ``pooler=`` or ``$CYCLONE_POOLER`` is refused naming the value."""
+    with pytest.raises(cyclone.ValidationError, match="got 'statement'"):
+        cyclone.SyncClient("dbname=x", pooler="statement")
+    with pytest.raises(cyclone.ValidationError, match="got 'bogus'"):
+        cyclone.Client("dbname=x", pooler="bogus")
+    monkeypatch.setenv("CYCLONE_POOLER", "sometimes")
+    with pytest.raises(cyclone.ValidationError, match=r"\$CYCLONE_POOLER .*'sometimes'"):
+        cyclone.Client("dbname=x")
+    monkeypatch.setenv("CYCLONE_POOLER", "transaction")
+    assert cyclone.Client("dbname=x").settings.pooler == "transaction"
+    assert cyclone.SyncClient("dbname=x", pooler="session").settings.pooler == "session"
