@@ -9,10 +9,8 @@ the upstream server is reachable through it under its own name.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -108,10 +106,9 @@ class PgBouncer:
         self._proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=1),
-            ):
+            # its own log line, not just something answering on the port (a port picked
+            # free may be taken by someone else before PgBouncer binds it)
+            if f"listening on 127.0.0.1:{self.port}" in self.log and self._proc.poll() is None:
                 return
             if self._proc.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited at start:\n{self.log}")
