@@ -213,22 +213,16 @@ class Client:
             raise ValidationError(
                 f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
             )
-        if connect_timeout is None:
-            raise ValidationError("connect_timeout must be a timedelta or seconds, got None")
-        self.connect_timeout = (
-            seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
-        )
-        self.tcp_user_timeout = seconds(
-            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
-        )
-        self.settings = ConnectionSettings.build(
+        self.settings = ConnectionSettings.from_options(
             base,
             schema=schema,
             pooler=pooler,
-            connect_timeout=self.connect_timeout,
-            tcp_user_timeout=self.tcp_user_timeout,
+            connect_timeout=connect_timeout,
+            tcp_user_timeout=tcp_user_timeout,
         )
-        """Conninfo, schema and pooler mode of every connection this client opens."""
+        """Conninfo, schema, pooler mode and timeouts of every connection it opens."""
+        self.connect_timeout: float = self.settings.connect_timeout or 5.0
+        self.tcp_user_timeout = self.settings.tcp_user_timeout
         self._conninfo = base
         self._engine_conninfo = self.settings.conninfo_for("cyclone")
         self.lease_ttl = seconds(lease_ttl, "lease_ttl", minimum=0.01, maximum=DAY) or 30.0

@@ -38,6 +38,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from cyclone.dbio import pin_search_path
 from cyclone.errors import DatabaseUnavailable, ValidationError
+from cyclone.options import HOUR, Duration, seconds
 
 __all__ = [
     "BUSY_POOL_WAIT",
@@ -211,6 +212,35 @@ class ConnectionSettings:
         )
         settings.conninfo_for("cyclone")  # parses the connection string once, now
         return settings
+
+    @classmethod
+    def from_options(
+        cls,
+        conninfo: str,
+        *,
+        schema: str,
+        pooler: str | None,
+        connect_timeout: Duration,
+        tcp_user_timeout: Duration | None,
+    ) -> ConnectionSettings:
+        """Settings from a client's options, durations as ``timedelta`` or seconds.
+
+        Raises:
+            ValidationError: a bad schema, pooler mode, connection string or duration
+                (``connect_timeout`` 0.1 s to an hour; ``tcp_user_timeout`` 1 ms to an
+                hour, or ``None`` for the system's defaults).
+        """
+        if connect_timeout is None:
+            raise ValidationError("connect_timeout must be a timedelta or seconds, got None")
+        return cls.build(
+            conninfo,
+            schema=schema,
+            pooler=pooler,
+            connect_timeout=seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR),
+            tcp_user_timeout=seconds(
+                tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
+            ),
+        )
 
     @property
     def per_transaction(self) -> bool:

@@ -120,14 +120,6 @@ class SyncClient:
             notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
-        if connect_timeout is None:
-            raise ValidationError("connect_timeout must be a timedelta or seconds, got None")
-        self.connect_timeout = (
-            seconds(connect_timeout, "connect_timeout", minimum=0.1, maximum=HOUR) or 5.0
-        )
-        self.tcp_user_timeout = seconds(
-            tcp_user_timeout, "tcp_user_timeout", minimum=0.001, maximum=HOUR
-        )
         if isinstance(conninfo, ConnectionPool):
             base = conninfo.conninfo
             if not isinstance(base, str):
@@ -140,14 +132,16 @@ class SyncClient:
             raise ValidationError(
                 f"conninfo must be a string or a ConnectionPool, got {conninfo!r}"
             )
-        self.settings = ConnectionSettings.build(
+        self.settings = ConnectionSettings.from_options(
             base,
             schema=schema,
             pooler=pooler,
-            connect_timeout=self.connect_timeout,
-            tcp_user_timeout=self.tcp_user_timeout,
+            connect_timeout=connect_timeout,
+            tcp_user_timeout=tcp_user_timeout,
         )
-        """Conninfo, schema and pooler mode of every connection this client opens."""
+        """Conninfo, schema, pooler mode and timeouts of every connection it opens."""
+        self.connect_timeout: float = self.settings.connect_timeout or 5.0
+        self.tcp_user_timeout = self.settings.tcp_user_timeout
         if isinstance(conninfo, str):
             self._pool = ConnectionPool(
                 self.settings.conninfo_for("cyclone-sync"),
