@@ -413,7 +413,7 @@ class Client:
                 poll_interval=self.poll_interval,
                 claim_batch=self.claim_batch,
                 shutdown_grace=self.shutdown_grace,
-                behind_transaction_pooler=self.settings.per_transaction,
+                pinned_search_path=self.settings.per_transaction,
             ),
             handlers=self.config.handlers,
             pool=self._engine_pool,
@@ -476,7 +476,7 @@ class Client:
         )
 
     def _ensure_listener(self) -> None:
-        if self._listener is None and self.config.notify and self.settings.listen:
+        if self._listener is None and self.config.notify and self.settings.can_listen:
             self._listener = Listener(
                 self.settings.conninfo_for("cyclone-listen"),
                 on_available=self._on_available,

@@ -24,9 +24,12 @@ from cyclone.dbio import batch_async
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.transitions import Claimed, complete_stmts, parse_completed
 
-__all__ = ["Completer"]
+__all__ = ["MAX_BATCH", "Completer"]
 
 log = logging.getLogger("cyclone.worker")
+
+MAX_BATCH = 300
+"""Completions one transaction writes at most."""
 
 
 class Completer:

@@ -248,7 +248,7 @@ class ConnectionSettings:
         return self.pooler == "transaction"
 
     @property
-    def listen(self) -> bool:
+    def can_listen(self) -> bool:
         """Whether LISTEN can work (never through a transaction pooler)."""
         return not self.per_transaction
 

@@ -33,7 +33,6 @@ from cyclone.sql import Q
 
 __all__ = [
     "AVAILABLE",
-    "MAX_RUNS_PER_NOTIFY",
     "RUN_DONE",
     "Listener",
     "Publisher",
@@ -91,10 +90,6 @@ def runs_in_payload(payload: str) -> list[int]:
     if not isinstance(runs, list):
         return []
     return [r for r in runs if isinstance(r, int) and not isinstance(r, bool)]
-
-
-MAX_RUNS_PER_NOTIFY = 300
-"""Run ids one ``cyclone_run_done`` payload carries at most (the completer's batch cap)."""
 
 
 def publish_sync(

@@ -654,7 +654,7 @@ class SyncClient:
         deadline = None if limit is None else time.monotonic() + limit
         listen: psycopg.Connection[Any] | None = None
         try:
-            if self.config.notify and self.settings.listen:
+            if self.config.notify and self.settings.can_listen:
                 try:
                     listen = psycopg.connect(self._listen_conninfo, autocommit=True)
                     listen.execute(Q.notify_listen_done)

@@ -28,14 +28,14 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.completer import Completer
+from cyclone.completer import MAX_BATCH, Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.handlers import Handler
 from cyclone.inputs import InputError, OutputCache, assemble, needed
-from cyclone.notify import MAX_RUNS_PER_NOTIFY, Publisher
+from cyclone.notify import Publisher
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
@@ -75,7 +75,7 @@ class WorkerSettings:
     poll_interval: float
     claim_batch: int
     shutdown_grace: float
-    behind_transaction_pooler: bool = False
+    pinned_search_path: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -147,7 +147,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
             pool,
-            batch=min(MAX_RUNS_PER_NOTIFY, max(10, settings.claim_batch)),
+            batch=min(MAX_BATCH, max(10, settings.claim_batch)),
             woken=self._woken,
             ended=publisher.run_done,
         )
@@ -399,7 +399,7 @@ class Worker:
             self._slots,
             self._async_tx_pool,
             self._sync_tx_pool,
-            pinned=self.settings.behind_transaction_pooler,
+            pinned=self.settings.pinned_search_path,
         )
         ctx = Context(
             run_id=step.run_id,
