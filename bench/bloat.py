@@ -73,7 +73,7 @@ class Settings:
     peak_jobs: int
     processes: int
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     retention_s: float
     purge_interval: float
@@ -247,7 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--peak-jobs", type=int, default=None, help="runs of the peak drain [20,000; short 5,000]")
     add("--processes", type=int, default=2, help="worker processes")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--retention", type=float, default=60.0, help="seconds a finished run is kept")
     add("--purge-interval", type=float, default=10.0, help="workers' purge interval (s)")

@@ -84,7 +84,7 @@ class Settings:
     wide_runs: int
     processes: tuple[int, ...]
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     count_interval: float
     worker_timeout: float
@@ -369,7 +369,8 @@ def print_report(settings: Settings, server: dict[str, Any], measured: dict[str,
         f"Cyclone {cyclone.__version__} static DAGs vs standalone jobs, PostgreSQL "
         f"{server.get('server_version')} on {os.cpu_count()} cores "
         f"(synchronous_commit={server.get('synchronous_commit')}, fsync={server.get('fsync')}); "
-        f"no-op steps, claim_batch {settings.claim_batch}, {settings.slots} slots/process"
+        f"no-op steps, claim_batch {settings.claim_batch or 'free slots'}, "
+        f"{settings.slots} slots/process"
     )
     pairs = measured["pairs"]
     if pairs:
@@ -478,7 +479,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--wide-runs", type=int, default=30, help="runs of the 1-100-1 DAG per drain")
     add("--processes", type=int, nargs="+", default=[1, 2], help="worker processes per drain")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=120.0, help="give up on a drain after (s)")

@@ -98,7 +98,7 @@ class Settings:
     jobs: int
     processes: tuple[int, ...]
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     count_interval: float
     worker_timeout: float
@@ -596,7 +596,7 @@ def print_report(
         f"Cyclone {cyclone.__version__} vs raw PostgreSQL {server.get('server_version')} "
         f"on {os.cpu_count()} cores (synchronous_commit={server.get('synchronous_commit')}, "
         f"fsync={server.get('fsync')}); no-op: {settings.jobs:,} jobs, "
-        f"claim_batch {settings.claim_batch}, {settings.slots} slots/process"
+        f"claim_batch {settings.claim_batch or 'free slots'}, {settings.slots} slots/process"
     )
     print()
     print(render_table(rows))
@@ -683,7 +683,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--jobs", type=int, default=20_000, help="no-op runs each worker measurement drains")
     add("--processes", type=int, nargs="+", default=[1, 2], help="worker processes per run")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=60.0, help="give up on a no-op run after (s)")
