@@ -33,9 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -51,7 +48,7 @@ from bench.bloat_report import compute, print_report
 from bench.db import DEFAULT_ADMIN_DSN, log, server_settings, throwaway_database
 from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, RawLimit
-from bench.report import write_results
+from bench.report import provenance, write_results
 from bench.steady import SteadyLoad, SteadyResult
 
 __all__ = ["Settings", "main", "measure", "run"]
@@ -192,15 +189,7 @@ def run(settings: Settings) -> dict[str, Any]:
     figures = compute(settings, steady)
     server = server_settings(settings.admin_dsn)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": jobs._git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "rate": measured["rate"],
         "peak": measured["peak"],
         "raw_before": measured["raw_before"],

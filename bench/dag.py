@@ -43,16 +43,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +58,10 @@ from psycopg.conninfo import conninfo_to_dict
 import cyclone
 from bench.dag_app import NOOP_STEP, WORKFLOWS, chain, dag_worker, wide
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
-from bench.jobs import RESULTS_DIR, _git_commit, _join_all, _meet, reset_tables
+from bench.fleet import started_together
+from bench.jobs import RESULTS_DIR, reset_tables
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
-from bench.report import write_results
+from bench.report import provenance, text_table, write_results
 
 __all__ = ["Settings", "Workload", "main", "measure", "run"]
 
@@ -185,26 +182,12 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
         (started,) = await _fetch(conn, _STARTED)
     if started:  # the span would start before the barrier
         raise RuntimeError(f"{started} steps of the backlog ran before the workers started")
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(processes + 1)
-    stop = ctx.Event()
-    usage: SimpleQueue[float] = ctx.SimpleQueue()
     options = {
         "slots": settings.slots,
         "claim_batch": settings.claim_batch,
         "poll_interval": settings.poll_interval,
-        "start": start,
-        "stop": stop,
-        "usage": usage,
     }
-    workers = [
-        ctx.Process(target=dag_worker, args=(dsn,), kwargs=options, name=f"worker-{i}")
-        for i in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    try:
-        await _meet(start, workers)
+    async with started_together(dag_worker, [(dsn,)] * processes, options) as fleet:
         began = time.perf_counter()
         cpu_before = machine_cpu()
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -212,7 +195,7 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
                 completed, failed = await _fetch(conn, _PROGRESS)
                 if completed + failed >= runs:
                     break
-                if not all(worker.is_alive() for worker in workers):
+                if not fleet.alive():
                     raise RuntimeError("a worker process died; see its output above")
                 if time.perf_counter() - began > settings.worker_timeout:
                     raise TimeoutError(
@@ -222,13 +205,10 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
             elapsed = time.perf_counter() - began
             cores = busy_cores(cpu_before, machine_cpu())
             done, steps, span = await _fetch(conn, _STEPS)
-    finally:
-        stop.set()
-        await asyncio.to_thread(_join_all, workers)
     if failed or done != steps:
         raise RuntimeError(f"{failed} runs failed, {steps - done} of {steps} steps not completed")
     span = float(span) if span else elapsed
-    worker_cpu = [usage.get() for worker in workers if worker.exitcode == 0]
+    worker_cpu = fleet.cpu_s
     return {
         "processes": processes,
         "runs": runs,
@@ -349,19 +329,6 @@ async def measure(settings: Settings) -> dict[str, Any]:
     return measured
 
 
-def _table(lines: list[tuple[str, ...]], right: set[int]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for n, line in enumerate(lines):
-        cells = [
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(line)
-        ]
-        out.append("  ".join(cells).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
 def print_report(settings: Settings, server: dict[str, Any], measured: dict[str, Any]) -> None:
     """The tables and the details below them, on stdout."""
     print()
@@ -406,7 +373,7 @@ def print_report(settings: Settings, server: dict[str, Any], measured: dict[str,
                 )
             )
         print()
-        print(_table(lines, right=set(range(1, 10))))
+        print(text_table(lines, right=range(1, 10)))
         print()
         print(
             "steps/s over the database span (first started_at to last completed_at); jobs = "
@@ -451,15 +418,7 @@ def run(settings: Settings) -> dict[str, Any]:
     server = server_settings(settings.admin_dsn)
     print_report(settings, server, measured)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": _git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "measured": measured,
     }
     write_results(settings.results_dir, "dag", started, results)

@@ -53,36 +53,48 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
-import platform
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
-from multiprocessing.queues import SimpleQueue
-from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import cyclone
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
+from bench.fleet import START_TIMEOUT, STOP_TIMEOUT, Fleet, join_all, started_together
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
-from bench.report import Row, latency_summary, profile_summary, render_table, write_results
+from bench.report import (
+    Row,
+    latency_summary,
+    profile_summary,
+    provenance,
+    render_table,
+    write_results,
+)
 from bench.workers import NOOP_KIND, PROBE_KIND, monotonic_ns, probe_worker, throughput_worker
 
-__all__ = ["Bench", "Settings", "main", "measure", "run"]
+__all__ = [
+    "Bench",
+    "DrainOptions",
+    "Settings",
+    "db_span",
+    "fill_backlog",
+    "main",
+    "measure",
+    "run",
+    "wait_completed",
+]
 
 PHASES = ("raw", "enqueue", "workers", "latency")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _BACKLOG_CHUNK = 1_000  # runs per enqueue_many call when filling the backlog
-_START_TIMEOUT = 60.0  # seconds for worker processes to start
-_STOP_TIMEOUT = 30.0  # seconds for a worker process to stop gracefully
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +159,67 @@ async def sustained_rate(call: Callable[[], Awaitable[int]], tasks: int, seconds
     return done / (loop.time() - began)
 
 
+async def fill_backlog(dsn: str, jobs: int) -> None:
+    """A clean backlog of ``jobs`` available no-op runs, vacuumed and checkpointed."""
+    await reset_tables(dsn)
+    async with cyclone.Client(dsn) as client:
+        for first in range(0, jobs, _BACKLOG_CHUNK):
+            await client.enqueue_many(NOOP_KIND, [{}] * min(_BACKLOG_CHUNK, jobs - first))
+    await asyncio.to_thread(
+        execute, dsn, "VACUUM ANALYZE cyclone_runs, cyclone_steps", "CHECKPOINT"
+    )
+
+
 async def _count_completed(conn: psycopg.AsyncConnection[Any]) -> int:
     cur = await conn.execute("SELECT count(*) FROM cyclone_runs WHERE state = 'completed'")
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+class DrainOptions(Protocol):
+    """How a drain is watched: the settings of each no-op benchmark have these."""
+
+    @property
+    def jobs(self) -> int:
+        """Runs the drain works off."""
+
+    @property
+    def worker_timeout(self) -> float:
+        """Seconds from the barrier after which the drain is given up."""
+
+    @property
+    def count_interval(self) -> float:
+        """Seconds between two counts of the completed runs."""
+
+
+async def wait_completed(
+    conn: psycopg.AsyncConnection[Any], options: DrainOptions, fleet: Fleet, began: float
+) -> None:
+    """Count the completed runs every ``count_interval`` s until there are ``jobs``.
+
+    Raises:
+        RuntimeError: a process of ``fleet`` died first.
+        TimeoutError: not done ``worker_timeout`` s after ``began``
+            (``time.perf_counter()``).
+    """
+    jobs, timeout = options.jobs, options.worker_timeout
+    while (completed := await _count_completed(conn)) < jobs:
+        if not fleet.alive():
+            raise RuntimeError("a worker process died; see its output above")
+        if time.perf_counter() - began > timeout:
+            raise TimeoutError(f"{completed} of {jobs} runs completed in {timeout} s")
+        await asyncio.sleep(options.count_interval)
+
+
+async def db_span(conn: psycopg.AsyncConnection[Any]) -> float | None:
+    """Seconds from the first ``started_at`` to the last ``completed_at`` of every
+    step, on the database's clock (``None`` when no step finished)."""
+    cur = await conn.execute(
+        "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 FROM cyclone_steps"
+    )
+    row = await cur.fetchone()
+    return float(row[0]) if row and row[0] else None
 
 
 def _start_py_spy(pid: int, output: Path) -> subprocess.Popen[bytes]:
@@ -169,29 +237,6 @@ def _start_py_spy(pid: int, output: Path) -> subprocess.Popen[bytes]:
         str(output),
     ]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def _meet(start: Barrier, workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Pass the start barrier with every worker; fail at once if one dies first."""
-    deadline = time.perf_counter() + _START_TIMEOUT
-    while start.n_waiting < len(workers):
-        if not all(worker.is_alive() for worker in workers):
-            start.abort()
-            raise RuntimeError("a worker process died before the start; see its output above")
-        if time.perf_counter() > deadline:
-            start.abort()
-            raise TimeoutError(f"worker processes not ready within {_START_TIMEOUT} s")
-        await asyncio.sleep(0.01)
-    await asyncio.to_thread(start.wait, _START_TIMEOUT)
-
-
-def _join_all(workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    for worker in workers:
-        worker.join(_STOP_TIMEOUT)
-        if worker.is_alive():
-            log(f"  {worker.name} did not stop within {_STOP_TIMEOUT} s; terminating it")
-            worker.terminate()
-            worker.join()
 
 
 def _receive(conn: Connection, timeout: float) -> tuple[str, int, int]:
@@ -283,22 +328,11 @@ class Bench:
 
     # -- c: no-op throughput -------------------------------------------------------
 
-    async def fill_backlog(self) -> None:
-        """A clean backlog of ``--jobs`` available no-op runs, vacuumed and checkpointed."""
-        await reset_tables(self.dsn)
-        jobs = self.settings.jobs
-        async with cyclone.Client(self.dsn) as client:
-            for first in range(0, jobs, _BACKLOG_CHUNK):
-                await client.enqueue_many(NOOP_KIND, [{}] * min(_BACKLOG_CHUNK, jobs - first))
-        await asyncio.to_thread(
-            execute, self.dsn, "VACUUM ANALYZE cyclone_runs, cyclone_steps", "CHECKPOINT"
-        )
-
     async def throughput(self, processes: int) -> dict[str, Any]:
         """No-op jobs/s of ``processes`` worker processes draining the backlog."""
         with self.monitor.window() as foreign:
             paired = await self.limits(list(CLAIM_SCRIPTS), processes)
-            await self.fill_backlog()
+            await fill_backlog(self.dsn, self.settings.jobs)
             result = await self._drain(processes)
         result["raw"] = paired
         result["foreign"] = foreign
@@ -311,62 +345,33 @@ class Bench:
 
     async def _drain(self, processes: int) -> dict[str, Any]:
         settings = self.settings
-        ctx = multiprocessing.get_context("spawn")
-        start = ctx.Barrier(processes + 1)
-        stop = ctx.Event()
-        usage: SimpleQueue[float] = ctx.SimpleQueue()
         options = {
             "slots": settings.slots,
             "claim_batch": settings.claim_batch,
             "poll_interval": settings.poll_interval,
-            "start": start,
-            "stop": stop,
-            "usage": usage,
         }
-        workers = [
-            ctx.Process(
-                target=throughput_worker, args=(self.dsn,), kwargs=options, name=f"worker-{i}"
-            )
-            for i in range(processes)
-        ]
         spies: list[subprocess.Popen[bytes]] = []
         profiles: list[Path] = []
-        for worker in workers:
-            worker.start()
         try:
-            await _meet(start, workers)
-            began = time.perf_counter()
-            cpu_before = machine_cpu()
-            if settings.py_spy is not None:
-                settings.py_spy.mkdir(parents=True, exist_ok=True)
-                for worker in workers:
-                    assert worker.pid is not None
-                    profiles.append(settings.py_spy / f"worker-p{processes}-{worker.pid}.txt")
-                    spies.append(_start_py_spy(worker.pid, profiles[-1]))
-            async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                while (completed := await _count_completed(conn)) < settings.jobs:
-                    if not all(worker.is_alive() for worker in workers):
-                        raise RuntimeError("a worker process died; see its output above")
-                    if time.perf_counter() - began > settings.worker_timeout:
-                        raise TimeoutError(
-                            f"{completed} of {settings.jobs} runs completed in "
-                            f"{settings.worker_timeout} s"
-                        )
-                    await asyncio.sleep(settings.count_interval)
-                elapsed = time.perf_counter() - began
-                cores = busy_cores(cpu_before, machine_cpu())
-                cur = await conn.execute(
-                    "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 "
-                    "FROM cyclone_steps"
-                )
-                span_row = await cur.fetchone()
+            async with started_together(
+                throughput_worker, [(self.dsn,)] * processes, options
+            ) as fleet:
+                began = time.perf_counter()
+                cpu_before = machine_cpu()
+                if settings.py_spy is not None:
+                    settings.py_spy.mkdir(parents=True, exist_ok=True)
+                    for pid in fleet.pids:
+                        profiles.append(settings.py_spy / f"worker-p{processes}-{pid}.txt")
+                        spies.append(_start_py_spy(pid, profiles[-1]))
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await wait_completed(conn, settings, fleet, began)
+                    elapsed = time.perf_counter() - began
+                    cores = busy_cores(cpu_before, machine_cpu())
+                    span = await db_span(conn) or elapsed
         finally:
-            stop.set()
-            await asyncio.to_thread(_join_all, workers)
             for spy in spies:
-                await asyncio.to_thread(spy.wait, _STOP_TIMEOUT)
-        span = float(span_row[0]) if span_row and span_row[0] else elapsed
-        worker_cpu = [usage.get() for worker in workers if worker.exitcode == 0]
+                await asyncio.to_thread(spy.wait, STOP_TIMEOUT)
+        worker_cpu = fleet.cpu_s
         return {
             "processes": processes,
             "slots": settings.slots,
@@ -422,7 +427,7 @@ class Bench:
         from_return: dict[int, float] = {}
         from_call: dict[int, float] = {}
         try:
-            kind, _, _ = await asyncio.to_thread(_receive, receiver, _START_TIMEOUT)
+            kind, _, _ = await asyncio.to_thread(_receive, receiver, START_TIMEOUT)
             if kind != "ready":
                 raise RuntimeError(f"the probe worker said {kind!r} before 'ready'")
             async with cyclone.Client(self.dsn, poll_interval=0.05) as client:
@@ -439,7 +444,7 @@ class Bench:
                         from_call[run_id] = (started - called) / 1e6
         finally:
             stop.set()
-            await asyncio.to_thread(_join_all, [worker])
+            await asyncio.to_thread(join_all, [worker])
             receiver.close()
         async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
             cur = await conn.execute(
@@ -569,20 +574,6 @@ def _to_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip() or None
-
-
 def print_report(
     settings: Settings,
     server: dict[str, Any],
@@ -649,15 +640,7 @@ def run(settings: Settings) -> dict[str, Any]:
     server = server_settings(settings.admin_dsn)
     print_report(settings, server, rows, raw, measured)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": _git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "raw": [r.to_json() for r in raw],
         "measured": measured,
         "rows": [row.to_json() for row in rows],
