@@ -61,6 +61,7 @@ from cyclone.options import DAY, HOUR, Duration, check_int, check_queue, check_t
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
     EnqueueOptions,
+    EnqueueRequest,
     KindTarget,
     ManyOptions,
     enqueue_many_plan,
@@ -276,6 +277,7 @@ class Client:
         self._async_tx_pool: AsyncConnectionPool[Any] | None = None
         self._sync_tx_pool: ConnectionPool[Any] | None = None
         self._publisher: Publisher | None = None
+        self._inline_wakeups = True  # enqueue carries its NOTIFY (False: the role may not)
         self._listener: Listener | None = None
         self._worker: Worker | None = None
         self._threads_left: Worker | None = None
@@ -670,14 +672,53 @@ class Client:
         request = self.config.request(kind, input, **options)
         async with self._connection() as conn:
             if request.unique_key is None and request.submit_keys is None:
-                rows = await self._insert(conn, enqueue_stmt(request), request.queue)
-                return enqueued_from_rows(rows)[0]
+                # One statement, one round trip: the wakeup rides in it at the leading
+                # edge of the queue's window (the commit delivers it), else the
+                # publisher sends the trailing one after the commit.
+                return await self._enqueue_one(conn, request)
             result = await _own_transaction(
                 conn, enqueue_plan(request), keyed=request.submit_keys is not None
             )
         if not result.duplicate:
             self._announce(request.queue)
         return result
+
+    async def _enqueue_one(
+        self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
+    ) -> Enqueued:
+        """Insert one run without keys in its own transaction, in one round trip.
+
+        At the leading edge of the queue's wakeup window the NOTIFY goes in the same
+        transaction, right after the insert (one pipeline, or one message behind a
+        transaction pooler): the commit delivers it, and no statement follows the
+        commit. Inside the window the publisher sends the trailing wakeup. A role that
+        may not NOTIFY gets the whole transaction refused (nothing is written): the
+        enqueue is sent again alone, and this client leaves every wakeup to the
+        publisher from then on, which logs that it fails.
+        """
+        assert self._publisher is not None
+        stmts = [enqueue_stmt(request)]
+        wake = self._publisher.lead(request.queue) if self._inline_wakeups else None
+        if wake is not None:
+            stmts.append(Stmt(Q.notify_available, {"payload": wake}))
+        try:
+            if len(stmts) == 1:
+                rows = await fetch_async(conn, stmts[0])
+            else:
+                rows = (await batch_async(conn, stmts, transaction=False))[0]
+        except psycopg.errors.InsufficientPrivilege:
+            if wake is None:
+                raise
+            if not conn.autocommit:
+                await conn.rollback()
+            self._inline_wakeups = False
+            log.warning("this role may not NOTIFY: enqueues no longer carry their wakeup")
+            return await self._enqueue_one(conn, request)
+        if not conn.autocommit:
+            await conn.commit()
+        if wake is None and not self._inline_wakeups:
+            self._announce(request.queue)
+        return enqueued_from_rows(rows)[0]
 
     async def _insert(
         self, conn: psycopg.AsyncConnection[Any], stmt: Stmt, queue: str

@@ -7,23 +7,28 @@ sequence that depends on what came back. The functions here only execute: the sa
 plan runs on a ``psycopg.Connection`` or a ``psycopg.AsyncConnection``, so the sync and
 async paths cannot drift apart (style.md, Keep I/O out of the core).
 
-A batch is sent as one multi-statement query (parameters bound by psycopg's client
-cursor): one message, one round trip, and far less work in Python than a pipeline of
-prepared statements. With ``transaction=True`` it is ``BEGIN; ...; COMMIT`` on an
-autocommit connection. Nothing follows the ``COMMIT`` in the message: psycopg raises for
-the whole message when any statement in it fails, so a statement after the commit could
-turn committed work into an error for the caller. Wakeups go out afterwards, on their
-own (:mod:`cyclone.notify`), and their failure is only logged.
+A batch is one round trip. On a direct connection it is a pipeline of server-side
+prepared statements (each statement is parsed and planned once per connection, then
+only bound and executed: planning was most of the server's work per batch); on a
+connection behind a transaction pooler (:func:`pin_search_path`), or one whose owner
+turned prepared statements off (``prepare_threshold=None``), it is one multi-statement
+query with parameters bound by psycopg's client cursor. With ``transaction=True`` it is
+``BEGIN; ...; COMMIT`` on an autocommit connection. Nothing follows the ``COMMIT``:
+psycopg raises for the whole batch when any statement in it fails, so a statement after
+the commit could turn committed work into an error for the caller. Wakeups go out
+afterwards, on their own (:mod:`cyclone.notify`), and their failure is only logged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 __all__ = [
@@ -189,21 +194,77 @@ def script(stmts: Sequence[Stmt]) -> tuple[LiteralString, dict[str, Any]]:
     return query, params
 
 
+def _prepared(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether batches on ``conn`` go as a pipeline of prepared statements."""
+    return conn not in _PINNED and conn.prepare_threshold is not None
+
+
+def _preparable(sql: str) -> bool:
+    """Statements worth a server-side prepared statement (not transaction control)."""
+    return not sql.startswith(("BEGIN", "COMMIT", "SET ", "LISTEN"))
+
+
+async def _pipeline_async(
+    conn: psycopg.AsyncConnection[Any], stmts: Sequence[Stmt], transaction: bool
+) -> list[Rows]:
+    cursors: list[psycopg.AsyncCursor[Any]] = []
+    try:
+        async with conn.pipeline():
+            if transaction:
+                await conn.execute(_BEGIN_STMT.sql, prepare=False)
+            for stmt in stmts:
+                cursors.append(
+                    await conn.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql))
+                )
+            if transaction:
+                await conn.execute(_COMMIT_STMT.sql, prepare=False)
+    except BaseException:
+        if transaction and conn.info.transaction_status != TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute("ROLLBACK")
+        raise
+    return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+
+
+def _pipeline_sync(
+    conn: psycopg.Connection[Any], stmts: Sequence[Stmt], transaction: bool
+) -> list[Rows]:
+    cursors: list[psycopg.Cursor[Any]] = []
+    try:
+        with conn.pipeline():
+            if transaction:
+                conn.execute(_BEGIN_STMT.sql, prepare=False)
+            for stmt in stmts:
+                cursors.append(conn.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql)))
+            if transaction:
+                conn.execute(_COMMIT_STMT.sql, prepare=False)
+    except BaseException:
+        if transaction and conn.info.transaction_status != TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        raise
+    return [cur.fetchall() if cur.description is not None else [] for cur in cursors]
+
+
 async def batch_async(
     conn: psycopg.AsyncConnection[Any],
     stmts: Sequence[Stmt],
     *,
     transaction: bool,
 ) -> list[Rows]:
-    """Run statements as one multi-statement query; the rows of each, in order.
+    """Run statements in one round trip; the rows of each, in order.
 
-    One message and one round trip. With ``transaction=True`` the connection must be in
-    autocommit mode and the statements run between ``BEGIN`` and ``COMMIT`` (the last
-    statement of the message). Without it they join the connection's current
-    transaction (a caller's, or a completion transaction).
+    A pipeline of prepared statements, or one multi-statement query on a connection
+    behind a transaction pooler (see the module's docstring). With ``transaction=True``
+    the connection must be in autocommit mode and the statements run between ``BEGIN``
+    and ``COMMIT`` (the last statement sent; a failed batch is rolled back). Without it
+    they join the connection's current transaction (a caller's, or a completion
+    transaction).
     """
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
+    if _prepared(conn):
+        return await _pipeline_async(conn, stmts, transaction)
     wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
     results: list[Rows] = []
     async with psycopg.AsyncClientCursor(conn) as cur:
@@ -223,6 +284,8 @@ def batch_sync(
     """The synchronous twin of :func:`batch_async`."""
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
+    if _prepared(conn):
+        return _pipeline_sync(conn, stmts, transaction)
     wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
     results: list[Rows] = []
     with psycopg.ClientCursor(conn) as cur:

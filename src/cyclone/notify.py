@@ -36,6 +36,7 @@ __all__ = [
     "RUN_DONE",
     "Listener",
     "Publisher",
+    "available_payload",
     "publish_sync",
     "runs_in_payload",
     "wakeup_statement",
@@ -49,6 +50,11 @@ _MAX_PAYLOAD = 7000  # bytes; PostgreSQL refuses payloads of 8,000 bytes and mor
 _RECONNECT_CAP = 5.0  # seconds between listener reconnects, at most
 
 
+def available_payload(queue: str) -> str:
+    """The ``cyclone_available`` payload that announces ``queue``."""
+    return json.dumps({"queue": queue}, separators=(",", ":"))
+
+
 def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | None:
     """One ``notify_publish`` statement for the given queues and finished runs.
 
@@ -58,13 +64,12 @@ def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | No
     queues = sorted(set(queues))
     run_ids = sorted(set(run_ids))
     if len(queues) == 1 and not run_ids:
-        payload = json.dumps({"queue": queues[0]}, separators=(",", ":"))
-        return Stmt(Q.notify_available, {"payload": payload})
+        return Stmt(Q.notify_available, {"payload": available_payload(queues[0])})
     channels: list[str] = []
     payloads: list[str] = []
     for queue in queues:
         channels.append(AVAILABLE)
-        payloads.append(json.dumps({"queue": queue}, separators=(",", ":")))
+        payloads.append(available_payload(queue))
     chunk: list[int] = []
     for run_id in run_ids:
         chunk.append(run_id)
@@ -164,6 +169,22 @@ class Publisher:
             self._idle.clear()
             self._timer = loop.call_later(soonest, self._window_over)
         self._kick()
+
+    def lead(self, queue: str) -> str | None:
+        """The payload of a wakeup of ``queue`` that the caller sends itself, in the
+        transaction that writes the work (``None``: the publisher sends it).
+
+        At the leading edge of the queue's window the wakeup is the caller's (marked sent
+        now): one statement carries the work and its NOTIFY, which the commit delivers.
+        Inside the window the wakeup folds into the trailing one, scheduled here; a
+        caller whose transaction then fails has only cost the workers an early look.
+        """
+        now = asyncio.get_running_loop().time()
+        if self._last.get(queue, -math.inf) + self._coalesce - now <= 0:
+            self._last[queue] = now
+            return available_payload(queue)
+        self.available((queue,))
+        return None
 
     def _window_over(self) -> None:
         self._timer = None

@@ -278,8 +278,7 @@ def enqueue_plan(request: EnqueueRequest) -> Plan[Enqueued]:
     for _ in range(_UNIQUE_RETRIES):
         rows = yield Stmt(Q.steps_enqueue, request.params)
         if rows:
-            step_id, run_id = rows[0]
-            return Enqueued(run_id=run_id, step_id=step_id)
+            return Enqueued(run_id=rows[0][1], step_id=rows[0][0])
         rows = yield Stmt(
             Q.steps_find_unique, {"kind": request.kind, "unique_key": request.unique_key}
         )
@@ -360,9 +359,13 @@ def enqueue_stmt(request: EnqueueRequest) -> Stmt:
 
 def enqueue_many_stmt(request: EnqueueRequest) -> Stmt:
     """The one statement that inserts every run of a ``many`` request without keys."""
-    return Stmt(Q.steps_enqueue_many, request.params)
+    params = {k: v for k, v in request.params.items() if k != "inputs"}
+    params["inputs_json"] = "[" + ",".join(request.params["inputs"]) + "]"
+    return Stmt(Q.steps_enqueue_many, params)
 
 
 def enqueued_from_rows(rows: Sequence[tuple[Any, ...]]) -> list[Enqueued]:
-    """``Enqueued`` handles from ``steps_enqueue_many`` rows, in input order."""
-    return [Enqueued(run_id=run_id, step_id=step_id) for step_id, run_id in rows]
+    """``Enqueued`` handles from ``(step_id, run_id)`` rows of ``steps_enqueue`` or
+    ``steps_enqueue_many``, in input order (the order of their run ids)."""
+    ordered = sorted(rows, key=lambda row: row[1]) if len(rows) > 1 else rows
+    return [Enqueued(run_id=row[1], step_id=row[0]) for row in ordered]

@@ -56,6 +56,7 @@ class Queries:
     steps_enqueue_keyed: LiteralString
     steps_find_submit_keys: LiteralString
     steps_claim: LiteralString
+    steps_claim_plan: LiteralString
     steps_sequence_lock: LiteralString
     steps_sequence_release: LiteralString
     steps_heartbeat: LiteralString
