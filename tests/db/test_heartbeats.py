@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.dbio import fetch_sync, text_array
+from cyclone.dbio import fetch_sync, pin_search_path, text_array
 from cyclone.transitions import Claimed, heartbeat_stmt, parse_heartbeat
 
 ODD_OWNER = 'host:1:{a,b} "NULL"\\x/7'
@@ -103,3 +103,16 @@ def test_one_statement_renews_each_held_lease_and_reports_the_others(
         "SELECT count(*) FROM cyclone_steps WHERE heartbeat_at IS NOT NULL"
     ).fetchone()
     assert rows == (2,)
+
+
+def test_the_statement_runs_through_a_transaction_pooler_connection(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """Through a pinned connection (a transaction pooler: client-side binding, one
+    script) the array literals arrive intact: the odd owner's lease is renewed."""
+    odd = _running(db, ODD_OWNER)
+    plain = _running(db, "w/1")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pin_search_path(conn, "public")
+        rows = fetch_sync(conn, heartbeat_stmt([odd, plain], ttl=30))
+    assert parse_heartbeat(rows) == ({(odd.id, ODD_OWNER), (plain.id, "w/1")}, set())
