@@ -523,8 +523,10 @@ class Client:
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,
+                on_run_done_listen=self._wake_waiters,
                 available=bool(self.config.handlers),
             )
+            self._listener.want_run_done(bool(self._waiters))
             self._listener.start()
 
     async def stop(self) -> None:
@@ -614,9 +616,19 @@ class Client:
 
     def _on_listen_connect(self) -> None:
         self._on_available(None)
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        """Every pending wait reads its run again: run-done notifications sent before
+        the listener's LISTEN (a reconnect, or the first wait in a while) were not heard."""
         for events in self._waiters.values():
             for event in events:
                 event.set()
+
+    def _watch_runs(self) -> None:
+        """LISTEN on ``cyclone_run_done`` while a wait is pending (notify.Listener)."""
+        if self._listener is not None:
+            self._listener.want_run_done(bool(self._waiters))
 
     def track_wakeups(self, conn: psycopg.AsyncConnection[Any]) -> WakeupTracker:
         """Record the queues of work written by ``*_tx`` calls on ``conn``.
@@ -1190,7 +1202,9 @@ class Client:
 
         Wakes on ``cyclone_run_done`` when LISTEN is available, and polls every
         ``poll_interval`` in any case; a database that goes away meanwhile (a restart)
-        is waited for too.
+        is waited for too. The client's listener LISTENs on that channel only while a
+        wait is pending; the run is read again once the LISTEN is in place, so a run
+        that ends meanwhile is not missed.
 
         Raises:
             NotFoundError: no run has that id.
@@ -1205,6 +1219,7 @@ class Client:
         deadline = None if limit is None else loop.time() + limit
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)
+        self._watch_runs()
         try:
             while True:
                 event.clear()
@@ -1231,6 +1246,7 @@ class Client:
                 events.discard(event)
                 if not events:
                     del self._waiters[run_id]
+            self._watch_runs()
 
 
 async def _own_transaction(conn: psycopg.AsyncConnection[Any], plan: Plan[T], *, keyed: bool) -> T:

@@ -46,6 +46,7 @@ __all__ = [
     "run_plan_async",
     "run_plan_sync",
     "script",
+    "text_array",
 ]
 
 T = TypeVar("T")
@@ -170,12 +171,25 @@ def fetch_dicts_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[dict[str
         return cur.fetchall()
 
 
-def int_array(values: Iterable[int]) -> str:
+def int_array(values: Iterable[int], *, keep_order: bool = False) -> str:
     """A PostgreSQL array literal of integers, sorted (``{1,2,3}``), for ``::bigint[]``.
 
     One text parameter instead of a list that the driver adapts element by element.
+    With ``keep_order`` the values keep their order (an array aligned with others, for
+    ``unnest(a, b, ...)``).
     """
-    return "{" + ",".join(str(int(v)) for v in sorted(values)) + "}"
+    ints = (str(int(v)) for v in (values if keep_order else sorted(values)))
+    return "{" + ",".join(ints) + "}"
+
+
+def text_array(values: Iterable[str]) -> str:
+    """A PostgreSQL array literal of strings in their order, for ``::text[]``.
+
+    Each element is double-quoted, with ``\\`` and ``"`` escaped by a backslash, so any
+    text (commas, braces, quotes, the word NULL) comes back as it was sent.
+    """
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return "{" + ",".join(quoted) + "}"
 
 
 def script(stmts: Sequence[Stmt]) -> tuple[LiteralString, dict[str, Any]]:

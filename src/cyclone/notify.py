@@ -5,7 +5,7 @@ engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
 * ``cyclone_available``, payload ``{"queue": "<name>"}``: work became claimable in a
   queue. Each worker wakes only for the queues it serves.
 * ``cyclone_run_done``, payload ``{"runs": [<id>, ...]}``: runs became terminal; wakes
-  ``wait``.
+  ``wait``. A client listens to it only while one of its waits is pending.
 
 A notification is always sent in its own transaction after the work it announces has
 committed, never inside it, and never in the same message as that work's ``COMMIT``:
@@ -34,6 +34,7 @@ from cyclone.sql import Q
 __all__ = [
     "AVAILABLE",
     "RUN_DONE",
+    "RUN_DONE_LINGER",
     "Listener",
     "Publisher",
     "available_payload",
@@ -48,6 +49,8 @@ AVAILABLE = "cyclone_available"
 RUN_DONE = "cyclone_run_done"
 _MAX_PAYLOAD = 7000  # bytes; PostgreSQL refuses payloads of 8,000 bytes and more
 _RECONNECT_CAP = 5.0  # seconds between listener reconnects, at most
+RUN_DONE_LINGER = 1.0
+"""Seconds ``cyclone_run_done`` stays listened to after the last wait ended."""
 
 
 def available_payload(queue: str) -> str:
@@ -248,12 +251,21 @@ class Publisher:
 class Listener:
     """The client's one LISTEN connection, reconnected with capped backoff.
 
-    Calls ``on_available(queue)`` for each ``cyclone_available`` notification,
-    ``on_run_done(run_ids)`` for each ``cyclone_run_done`` one, and ``on_connect()``
-    after every (re)connection, since notifications sent while it was away are lost
-    (the callers poll once). A client without workers passes ``available=False`` and
-    hears only ``cyclone_run_done``. ``connected`` is set while LISTEN is active; ``connects``
-    counts successful connections and ``failures`` the consecutive failed ones.
+    ``cyclone_available`` is listened to for the whole connection by a client with
+    workers (``available``); ``cyclone_run_done`` only while :meth:`want_run_done` says
+    a wait is pending, so that no worker decodes run-done notifications nobody waits
+    for. After the last wait ends the channel stays listened to for ``linger`` seconds
+    before its ``UNLISTEN``: a loop of waits does not send a LISTEN and an UNLISTEN per
+    wait. Calls ``on_available(queue)`` for each ``cyclone_available`` notification,
+    ``on_run_done(run_ids)`` for each ``cyclone_run_done`` one, ``on_connect()`` after
+    every (re)connection and its LISTENs (notifications sent while it was away are lost:
+    the callers poll once), and ``on_run_done_listen()`` after each later
+    ``LISTEN cyclone_run_done`` (waits that began before it read their run again).
+
+    ``connected`` is set while the connection is up; ``connects`` counts successful
+    connections and ``failures`` the consecutive failed ones; :attr:`channels` are the
+    channels listened to on the connection now and :attr:`received` counts the
+    notifications dispatched, by channel.
     """
 
     def __init__(
@@ -263,17 +275,28 @@ class Listener:
         on_available: Callable[[str | None], None],
         on_run_done: Callable[[list[int]], None],
         on_connect: Callable[[], None],
+        on_run_done_listen: Callable[[], None] = lambda: None,
         available: bool = True,
+        linger: float = RUN_DONE_LINGER,
     ) -> None:
         self._conninfo = conninfo
         self._available = available
         self._on_available = on_available
         self._on_run_done = on_run_done
         self._on_connect = on_connect
+        self._on_run_done_listen = on_run_done_listen
+        self._linger = linger
+        self._wanted = False  # a wait is pending
+        self._unwanted_at = 0.0  # loop time the last wait ended
+        self._reading: asyncio.Timeout | None = None  # while notifications are read
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         self.failures = 0
         self.connects = 0
+        self.channels: frozenset[str] = frozenset()
+        """The channels listened to on the current connection (empty while it is down)."""
+        self.received = {AVAILABLE: 0, RUN_DONE: 0}
+        """Notifications dispatched so far, by channel."""
 
     def start(self) -> None:
         """Start listening in a background task."""
@@ -287,6 +310,27 @@ class Listener:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+    def want_run_done(self, wanted: bool) -> None:
+        """Whether a wait is pending: LISTEN on ``cyclone_run_done`` now, or UNLISTEN
+        once none has been pending for ``linger`` seconds. Never blocks."""
+        if wanted == self._wanted:
+            return
+        self._wanted = wanted
+        if not wanted:
+            self._unwanted_at = asyncio.get_running_loop().time()
+        reading = self._reading
+        if reading is not None and not reading.expired():
+            reading.reschedule(self._change_at())
+
+    def _change_at(self) -> float | None:
+        """Loop time at which the channels must change (``None``: they are right)."""
+        listening = RUN_DONE in self.channels
+        if self._wanted and not listening:
+            return asyncio.get_running_loop().time()
+        if not self._wanted and listening:
+            return self._unwanted_at + self._linger
+        return None
 
     async def _run(self) -> None:
         while True:
@@ -305,18 +349,58 @@ class Listener:
         try:
             if self._available:
                 await conn.execute(Q.notify_listen)
-            await conn.execute(Q.notify_listen_done)
+                self.channels = frozenset({AVAILABLE})
+            await self._match(conn, announce=False)
             self.connected.set()
             self.failures = 0
             self.connects += 1
             self._on_connect()
-            async for note in conn.notifies():
-                self._dispatch(note.channel, note.payload)
+            while True:
+                await self._read(conn)
+                await self._match(conn, announce=True)
         finally:
+            self.channels = frozenset()
             self.connected.clear()
             await conn.close()
 
+    async def _read(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Dispatch notifications until the channels must change (:meth:`want_run_done`
+        moves that moment). Notifications that arrive while a LISTEN or UNLISTEN runs
+        wait in psycopg's backlog for the next read."""
+        try:
+            async with asyncio.timeout(self._change_at()) as reading:
+                self._reading = reading
+                try:
+                    async for note in conn.notifies():
+                        self._dispatch(note.channel, note.payload)
+                finally:
+                    self._reading = None
+        except TimeoutError:
+            if not reading.expired():
+                raise
+            return
+        raise psycopg.OperationalError("the notification stream ended")
+
+    async def _match(self, conn: psycopg.AsyncConnection[Any], *, announce: bool) -> None:
+        """LISTEN on ``cyclone_run_done`` while a wait is pending; UNLISTEN once none
+        has been for ``linger`` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            listening = RUN_DONE in self.channels
+            if self._wanted and not listening:
+                await conn.execute(Q.notify_listen_done)
+                self.channels |= {RUN_DONE}
+                if announce:
+                    self._on_run_done_listen()
+            elif not self._wanted and listening and loop.time() >= self._unwanted_at + self._linger:
+                self.channels -= {RUN_DONE}
+                await conn.execute(Q.notify_unlisten_done)
+            else:
+                return
+
     def _dispatch(self, channel: str, payload: str) -> None:
+        if channel in self.received:
+            self.received[channel] += 1
         if channel == AVAILABLE:
             try:
                 data = json.loads(payload)

@@ -14,7 +14,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Plan, Rows, Stmt, int_array
+from cyclone.dbio import Plan, Rows, Stmt, int_array, text_array
 from cyclone.errors import Discard, NotFoundError, StateError, ValidationError
 from cyclone.inputs import parse_bindings
 from cyclone.options import micros
@@ -37,6 +37,7 @@ __all__ = [
     "mismatch_stmt",
     "parse_claimed",
     "parse_completed",
+    "parse_heartbeat",
     "pause_stmts",
     "reclaim_stmts",
     "release_stmt",
@@ -152,12 +153,35 @@ def parse_claimed(
     ]
 
 
-def heartbeat_stmt(step: Claimed, *, ttl: float) -> Stmt:
-    """Renew the lease of ``step`` for ``ttl`` seconds (``steps_heartbeat``)."""
+def heartbeat_stmt(steps: Sequence[Claimed], *, ttl: float) -> Stmt:
+    """Renew the leases of ``steps`` for ``ttl`` seconds, all in one statement
+    (``steps_heartbeat``); read its rows with :func:`parse_heartbeat`.
+
+    The ids, owners and generations travel as three aligned array literals, one text
+    parameter each.
+    """
     return Stmt(
         Q.steps_heartbeat,
-        {"id": step.id, "owner": step.owner, "generation": step.generation, "ttl_us": micros(ttl)},
+        {
+            "ids": int_array((s.id for s in steps), keep_order=True),
+            "owners": text_array(s.owner for s in steps),
+            "generations": int_array((s.generation for s in steps), keep_order=True),
+            "ttl_us": micros(ttl),
+        },
     )
+
+
+def parse_heartbeat(rows: Rows) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
+    """The ``(step id, lease owner)`` pairs that :func:`heartbeat_stmt` renewed, and
+    those it found busy (locked by another transaction: neither renewed nor lost).
+
+    A step sent and in neither set lost its lease (reclaimed, cancelled, timed out).
+    """
+    renewed: set[tuple[int, str]] = set()
+    busy: set[tuple[int, str]] = set()
+    for step_id, owner, done in rows:
+        (renewed if done else busy).add((step_id, owner))
+    return renewed, busy
 
 
 def _completions(items: Sequence[tuple[Claimed, str | None]]) -> str:

@@ -2,9 +2,10 @@
 
 engine-design, The Claiming Algorithm and Leases and Heartbeats. Each queue has its own
 claim loop and number of slots. A loop claims as many steps as it has free slots (up to
-``claim_limit``) in one statement, runs each handler in its own task, renews each
-held lease every TTL/3 from a timer, and records the outcome with a CAS on state, owner
-and lease generation:
+``claim_limit``) in one statement, runs each handler in its own task, renews every
+held lease from one heartbeat ticker (:mod:`cyclone.heartbeats`: one statement a tick
+for all the leases due), and records the outcome with a CAS on state, owner and lease
+generation:
 
 * output without a completion transaction: handed to the completer, which completes
   many steps in one transaction (each row keeps its own CAS);
@@ -34,6 +35,7 @@ from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.handlers import Handler
+from cyclone.heartbeats import Heartbeats
 from cyclone.inputs import InputError, OutputCache, assemble, needed
 from cyclone.notify import Publisher
 from cyclone.payloads import encode_json
@@ -49,7 +51,6 @@ from cyclone.transitions import (
     complete_stmts,
     decide_failure,
     failure_stmts,
-    heartbeat_stmt,
     mismatch_stmt,
     parse_claimed,
     parse_completed,
@@ -98,8 +99,6 @@ class _Held:
     step: Claimed
     ctx: Context
     task: asyncio.Task[None] | None = None
-    timer: asyncio.TimerHandle | None = None  # its own next heartbeat
-    batch_timer: asyncio.TimerHandle | None = None  # the first heartbeat of its claim
     in_handler: bool = False
     completing: bool = False  # the handler returned; its outcome is being written
     lost: bool = False  # a heartbeat found the lease gone
@@ -174,6 +173,8 @@ class Worker:
         """Claim statements run so far."""
         self.claim_errors = 0
         """Claim statements that failed so far."""
+        self.heartbeats = Heartbeats(lease_pool, ttl=settings.lease_ttl, lost=self._lease_lost)
+        """The lease renewals of the steps held (its counters tell what it sent)."""
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -235,9 +236,7 @@ class Worker:
             for held in leftover:
                 held.released = True
                 held.ctx._cancelled = True
-                for timer in (held.timer, held.batch_timer):
-                    if timer is not None:
-                        timer.cancel()
+                self.heartbeats.drop(held.step)
             await self._release([held.step for held in leftover])
             for held in leftover:
                 if held.task is not None and self._handlers[held.step.kind].is_async:
@@ -245,6 +244,7 @@ class Worker:
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=1.0)
         await self._completer.close()
+        await self.heartbeats.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _release(self, steps: list[Claimed], why: str = "at shutdown") -> None:
@@ -449,8 +449,7 @@ class Worker:
             log.exception("step %d (%s) outcome could not be recorded", step.id, step.kind)
         finally:
             held.finished = True
-            if held.timer is not None:
-                held.timer.cancel()
+            self.heartbeats.drop(held.step)
             self._held.pop((held.step.id, held.step.owner), None)
             queue.busy -= 1
             queue.freed.set()
@@ -720,46 +719,14 @@ class Worker:
     # -- heartbeats ----------------------------------------------------------------
 
     def _schedule_heartbeats(self, helds: list[_Held]) -> None:
-        """The first heartbeat of each step of a claim, TTL/3 after the claim.
+        """Renew the leases of steps just claimed, the first time TTL/3 from now."""
+        self.heartbeats.hold(held.step for held in helds)
 
-        One timer for the batch; when it fires, each step still held gets its own
-        heartbeat (its own guarded UPDATE) and from then on its own timer.
-        """
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.settings.lease_ttl / 3, self._batch_heartbeats_due, helds)
-        for held in helds:
-            held.batch_timer = timer
-
-    def _batch_heartbeats_due(self, helds: list[_Held]) -> None:
-        for held in helds:
-            self._heartbeat_due(held)
-
-    def _schedule_heartbeat(self, held: _Held) -> None:
-        loop = asyncio.get_running_loop()
-        held.timer = loop.call_later(self.settings.lease_ttl / 3, self._heartbeat_due, held)
-
-    def _heartbeat_due(self, held: _Held) -> None:
-        if held.finished or held.released:
-            return
-        task = asyncio.create_task(self._heartbeat(held))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _heartbeat(self, held: _Held) -> None:
-        step = held.step
-        try:
-            async with self._lease_pool.connection() as conn:
-                rows = await fetch_async(
-                    conn,
-                    heartbeat_stmt(step, ttl=self.settings.lease_ttl),
-                )
-        except Exception as exc:
-            log.warning("heartbeat of step %d failed, will retry: %s", step.id, exc)
-            rows = [(step.id,)]
-        if held.finished or held.released:
-            return
-        if rows:
-            self._schedule_heartbeat(held)
+    def _lease_lost(self, step: Claimed) -> None:
+        """A heartbeat found the lease of ``step`` gone: tell the handler (``ctx.cancelled``)
+        and cancel an async one still in its handler."""
+        held = self._held.get((step.id, step.owner))
+        if held is None or held.finished or held.released:
             return
         if held.completing:
             return  # the outcome being written ended the lease, or its CAS will tell

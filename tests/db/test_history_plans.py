@@ -287,7 +287,7 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         ],
         "complete_jobs": lambda: complete_stmts([(s, None) for s in jobs]),
         "complete_chain": lambda: complete_stmts([(s, "1") for s in chain]),
-        "heartbeat": lambda: [heartbeat_stmt(one, ttl=30)],
+        "heartbeat": lambda: [heartbeat_stmt(jobs, ttl=30)],
         "release": lambda: [release_stmt(jobs)],
         "retry": lambda: failure_stmts(one, _failure(False))[0],
         "discard": lambda: failure_stmts(one, _failure(True))[0],

@@ -16,7 +16,7 @@ import pytest
 
 from cyclone.dbio import Stmt
 from cyclone.sql import Q
-from cyclone.transitions import claim_stmt
+from cyclone.transitions import Claimed, claim_stmt, heartbeat_stmt
 
 
 @pytest.fixture
@@ -65,6 +65,35 @@ def test_claim_uses_the_claim_index(loaded: psycopg.Connection[Any]) -> None:
 def test_sweep_candidates_use_lease_and_timeout_indexes(loaded: psycopg.Connection[Any]) -> None:
     text = plan(loaded, Stmt(Q.steps_sweep_candidates, {"limit": 100}))
     assert "idx_steps_lease" in text and "idx_steps_timeout" in text
+    assert "Seq Scan" not in text
+
+
+def test_heartbeat_reads_held_steps_by_primary_key(loaded: psycopg.Connection[Any]) -> None:
+    """One statement renewing 200 leases looks each step up by id, never scans."""
+    rows = loaded.execute(
+        "SELECT id, run_id FROM cyclone_steps WHERE state = 'running' ORDER BY id LIMIT 200"
+    ).fetchall()
+    held = [
+        Claimed(
+            id=step_id,
+            run_id=run_id,
+            node="k",
+            kind="k",
+            input=None,
+            attempt=0,
+            max_attempts=5,
+            generation=0,
+            timeout=None,
+            sequence_key=None,
+            workflow="k",
+            def_version="job",
+            queue="q1",
+            owner="w/1",
+        )
+        for step_id, run_id in rows
+    ]
+    text = plan(loaded, heartbeat_stmt(held, ttl=30))
+    assert "cyclone_steps_pkey" in text
     assert "Seq Scan" not in text
 
 

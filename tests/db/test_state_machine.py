@@ -81,6 +81,7 @@ from cyclone.transitions import (
     heartbeat_stmt,
     parse_claimed,
     parse_completed,
+    parse_heartbeat,
     reclaim_stmts,
     release_stmt,
     sequence_recheck_stmts,
@@ -578,10 +579,12 @@ class StepMachine(RuleBasedStateMachine):
             return
         believer, actor, c = token
         prev = self.steps[c.id]
-        rows = fetch_sync(self.conns[actor], heartbeat_stmt(replace(c, owner=actor), ttl=LEASE_TTL))
+        stmt = heartbeat_stmt([replace(c, owner=actor)], ttl=LEASE_TTL)
+        renewed, busy = parse_heartbeat(fetch_sync(self.conns[actor], stmt))
         after = self._snapshot()
         ok = prev.held_by(actor, c.generation) and not prev.timed_out
-        assert bool(rows) == ok, f"heartbeat {actor} gen {c.generation}: {rows} vs {prev}"
+        assert not busy, f"heartbeat {actor}: {busy} busy with nothing else running"
+        assert bool(renewed) == ok, f"heartbeat {actor} gen {c.generation}: {renewed} vs {prev}"
         if not ok:
             self._assert_frame(after)
             if actor == believer:

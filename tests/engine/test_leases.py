@@ -1,7 +1,8 @@
 """Leases, heartbeats, timeouts, the recovery sweep and graceful shutdown.
 
-engine-design, Leases and Heartbeats: a lease is renewed every TTL/3 for the whole
-attempt; past ``started_at + timeout`` it is not renewed and the sweep takes the step
+engine-design, Leases and Heartbeats: a lease is renewed at most TTL/3 after the last
+renewal for the whole attempt, by one heartbeat statement per tick for every lease a
+worker has due; past ``started_at + timeout`` it is not renewed and the sweep takes the step
 even while its lease is fresh; a reclaim is not an attempt; ``max_reclaims`` bounds
 reclaims with ``reclaim_limit``. decisions.md: releasing at graceful shutdown is not a
 reclaim.
@@ -57,6 +58,103 @@ async def test_heartbeats_renew_the_lease_for_a_long_handler(
     step = db.execute("SELECT reclaims, attempt, lease_generation FROM cyclone_steps").fetchone()
     assert run.state == RunState.COMPLETED and run.result == "done"
     assert step == (0, 0, 1)
+
+
+async def test_one_heartbeat_statement_a_tick_renews_every_held_lease(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """30 long steps held: each tick sends one statement for every lease due, not one
+    per step; each of the 30 leases keeps moving forward, the sweep reclaims none, and
+    with nothing held any more the ticker is gone."""
+    release = asyncio.Event()
+
+    @cyclone.step("long30")
+    async def long30(ctx: cyclone.Context, inp: Any) -> Any:
+        await release.wait()
+        return inp
+
+    async with cyclone.Client(dsn, handlers=[]) as producer:
+        jobs = await producer.enqueue_many(long30, list(range(30)))
+    async with cyclone.Client(
+        dsn,
+        handlers=[long30],
+        queues={"default": 30},
+        claim_batch=30,
+        lease_ttl=3,
+        sweep_interval=0.2,
+    ) as c:
+        await wait_db(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'running'", 30)
+        seen: dict[int, set[Any]] = {}
+
+        async def each_renewed_three_times() -> bool:
+            for step_id, expiry in db.execute("SELECT id, lease_expiry FROM cyclone_steps"):
+                seen.setdefault(step_id, set()).add(expiry)
+            return len(seen) == 30 and all(len(e) >= 4 for e in seen.values())
+
+        await apoll_until(each_renewed_three_times, timeout=60, what="30 leases renewed 3 times")
+        assert c.worker is not None
+        beats = c.worker.heartbeats
+        statements, renewed = beats.statements, beats.renewed
+        assert renewed >= 90
+        # one statement per renewal round of the 30 (a step per statement would be 30x)
+        assert statements <= renewed / 30 + 2, (statements, renewed)
+        assert beats.errors == 0
+        release.set()
+        runs = [await c.wait(job, timeout=30) for job in jobs]
+        await apoll_until(lambda: asyncio.sleep(0, not beats.running), what="ticker gone")
+    assert [r.result for r in runs] == list(range(30))
+    rows = db.execute("SELECT DISTINCT reclaims, attempt, lease_generation FROM cyclone_steps")
+    assert rows.fetchall() == [(0, 0, 1)]
+
+
+async def test_a_lost_lease_among_many_cancels_only_its_handler(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """One of ten held steps is taken by another owner (a new generation): the next
+    tick's statement finds that lease gone, its handler is told and cancelled, and the
+    nine others keep their leases and complete."""
+    release = asyncio.Event()
+    cancelled: list[int] = []
+    contexts: dict[int, cyclone.Context] = {}
+
+    @cyclone.step("held10")
+    async def held10(ctx: cyclone.Context, inp: Any) -> Any:
+        contexts[ctx.step_id] = ctx
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            cancelled.append(ctx.step_id)
+            raise
+        return inp
+
+    async with cyclone.Client(dsn, handlers=[]) as producer:
+        jobs = await producer.enqueue_many(held10, list(range(10)))
+    async with cyclone.Client(
+        dsn,
+        handlers=[held10],
+        queues={"default": 10},
+        claim_batch=10,
+        lease_ttl=1.5,
+        sweep_interval=60,
+    ) as c:
+        await wait_db(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'running'", 10)
+        await apoll_until(lambda: asyncio.sleep(0, len(contexts) == 10), what="10 handlers")
+        victim = min(contexts)
+        db.execute(
+            "UPDATE cyclone_steps SET lease_owner = 'thief', lease_generation = 2, "
+            "lease_expiry = now() + interval '1 hour' WHERE id = %s",
+            (victim,),
+        )
+        await apoll_until(lambda: asyncio.sleep(0, bool(cancelled)), what="victim cancelled")
+        assert contexts[victim].cancelled
+        others = [job for job in jobs if job.step_id != victim]
+        release.set()
+        runs = [await c.wait(job, timeout=30) for job in others]
+    assert cancelled == [victim]
+    assert not any(ctx.cancelled for step_id, ctx in contexts.items() if step_id != victim)
+    assert [r.result for r in runs] == [i for i, job in enumerate(jobs) if job.step_id != victim]
+    row = db.execute("SELECT state, lease_owner FROM cyclone_steps WHERE id = %s", (victim,))
+    assert row.fetchone() == ("running", "thief")  # nothing of the cancelled handler written
 
 
 async def test_timeout_is_swept_while_lease_is_fresh_then_reclaim_limit(

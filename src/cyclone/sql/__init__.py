@@ -126,6 +126,7 @@ class Queries:
     notify_available: LiteralString
     notify_listen: LiteralString
     notify_listen_done: LiteralString
+    notify_unlisten_done: LiteralString
     # migrate.sql
     migrate_lock: LiteralString
     migrate_version_table: LiteralString

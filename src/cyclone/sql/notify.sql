@@ -20,9 +20,18 @@ WHERE pg_notification_queue_usage() < 0.5;
 
 
 -- name: notify_listen
--- Subscribe the listener connection to both channels.
+-- Subscribe the listener connection of a client with workers to the work channel, for
+-- as long as the connection lasts.
 LISTEN cyclone_available;
 
 
 -- name: notify_listen_done
+-- Subscribe the listener connection to the run-done channel: only while a wait of its
+-- client is pending (notify.Listener), so that no worker decodes run-done notifications
+-- nobody waits for.
 LISTEN cyclone_run_done;
+
+
+-- name: notify_unlisten_done
+-- Unsubscribe from the run-done channel, a while after the client's last wait ended.
+UNLISTEN cyclone_run_done;

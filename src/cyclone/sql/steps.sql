@@ -279,18 +279,57 @@ RETURNING s.id;
 
 
 -- name: steps_heartbeat
--- engine-design, Leases and Heartbeats: renew the lease of one held step. The last
--- clause makes the per-step timeout durable: past started_at + timeout the lease is no
--- longer renewed and the sweep takes the step. No row back: the lease is lost.
-UPDATE cyclone_steps
-SET lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
-    heartbeat_at = now()
-WHERE id = %(id)s
-  AND (state = 'running') IS TRUE
-  AND lease_owner = %(owner)s
-  AND lease_generation = %(generation)s
-  AND (timeout IS NULL OR started_at + timeout > now())
-RETURNING id;
+-- engine-design, Leases and Heartbeats: renew the leases of held steps, every renewal a
+-- client has due in one statement per heartbeat tick. %(ids)s, %(owners)s and
+-- %(generations)s are aligned array literals (one text parameter each). Each row keeps
+-- its own guard (state, owner, generation); the timeout clause makes the per-step
+-- timeout durable: past started_at + timeout the lease is no longer renewed and the
+-- sweep takes the step. The statement never waits for a row lock (SKIP LOCKED): it
+-- renews many rows that a completion, a cancel or the sweep may be changing in another
+-- order at the same moment, and a statement that waits for nothing cannot deadlock.
+-- Rows back: (id, owner, true) renewed; (id, owner, false) busy (still held in this
+-- statement's snapshot but locked elsewhere: try again at the next tick). A step with
+-- no row back lost its lease.
+WITH v AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(owners)s::text[], %(generations)s::bigint[])
+        AS v (id, owner, generation)
+), held AS (
+    SELECT s.id
+    FROM cyclone_steps s
+    JOIN v ON v.id = s.id
+    WHERE (s.state = 'running') IS TRUE
+      AND s.lease_owner = v.owner
+      AND s.lease_generation = v.generation
+      AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
+    FOR NO KEY UPDATE OF s SKIP LOCKED
+), renewed AS (
+    UPDATE cyclone_steps s
+    SET lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
+        heartbeat_at = now()
+    FROM held, v
+    WHERE s.id = held.id
+      AND v.id = s.id
+      AND (s.state = 'running') IS TRUE
+      AND s.lease_owner = v.owner
+      AND s.lease_generation = v.generation
+      AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
+    RETURNING s.id, s.lease_owner
+)
+SELECT id, lease_owner AS owner, true AS renewed
+FROM renewed
+UNION ALL
+SELECT v.id, v.owner, false
+FROM v
+WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = v.owner)
+  AND EXISTS (
+      SELECT 1
+      FROM cyclone_steps s
+      WHERE s.id = v.id
+        AND (s.state = 'running') IS TRUE
+        AND s.lease_owner = v.owner
+        AND s.lease_generation = v.generation
+        AND (s.timeout IS NULL OR s.started_at + s.timeout > now()));
 
 
 -- name: steps_complete
