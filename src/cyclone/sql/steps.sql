@@ -295,20 +295,25 @@ WITH v AS (
     FROM unnest(%(ids)s::bigint[], %(owners)s::text[], %(generations)s::bigint[])
         AS v (id, owner, generation)
 ), held AS (
-    SELECT s.id
-    FROM cyclone_steps s
-    JOIN v ON v.id = s.id
-    WHERE (s.state = 'running') IS TRUE
-      AND s.lease_owner = v.owner
-      AND s.lease_generation = v.generation
-      AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
-    FOR NO KEY UPDATE OF s SKIP LOCKED
+    -- one primary-key probe per renewal, whatever the table's size and statistics
+    SELECT h.id
+    FROM v
+    CROSS JOIN LATERAL (
+        SELECT s.id
+        FROM cyclone_steps s
+        WHERE s.id = v.id
+          AND (s.state = 'running') IS TRUE
+          AND s.lease_owner = v.owner
+          AND s.lease_generation = v.generation
+          AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
+        FOR NO KEY UPDATE OF s SKIP LOCKED) h
 ), renewed AS (
     UPDATE cyclone_steps s
     SET lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
         heartbeat_at = now()
     FROM held, v
-    WHERE s.id = held.id
+    WHERE s.id = ANY(ARRAY(SELECT id FROM held))
+      AND s.id = held.id
       AND v.id = s.id
       AND (s.state = 'running') IS TRUE
       AND s.lease_owner = v.owner
@@ -322,14 +327,15 @@ UNION ALL
 SELECT v.id, v.owner, false
 FROM v
 WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = v.owner)
-  AND EXISTS (
+  AND EXISTS (  -- a primary-key probe per busy row (OFFSET 0: never a join)
       SELECT 1
       FROM cyclone_steps s
       WHERE s.id = v.id
         AND (s.state = 'running') IS TRUE
         AND s.lease_owner = v.owner
         AND s.lease_generation = v.generation
-        AND (s.timeout IS NULL OR s.started_at + s.timeout > now()));
+        AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
+      OFFSET 0);
 
 
 -- name: steps_complete
