@@ -49,6 +49,8 @@ import cyclone
 from bench import jobs
 from bench.bloat_report import compute, print_report
 from bench.db import DEFAULT_ADMIN_DSN, log, server_settings, throwaway_database
+from bench.drain import reset_tables
+from bench.jobs_report import git_commit, to_json
 from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, RawLimit
 from bench.report import write_results
@@ -132,7 +134,7 @@ async def measure(settings: Settings) -> dict[str, Any]:
         else:
             peak, rate = None, settings.rate
             before = await bench.limits(list(CLAIM_SCRIPTS), settings.processes)
-        await jobs.reset_tables(dsn)
+        await reset_tables(dsn)
         server = await asyncio.to_thread(_vacuum_settings, dsn)
         vacuum_interval = settings.vacuum_interval
         if vacuum_interval is None:  # auto: stand in for autovacuum only when it is off
@@ -199,7 +201,7 @@ def run(settings: Settings) -> dict[str, Any]:
             "python": sys.version.split()[0],
         },
         "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": jobs._git_commit()},
+        "cyclone": {"version": cyclone.__version__, "commit": git_commit()},
         "settings": settings.to_json(),
         "rate": measured["rate"],
         "peak": measured["peak"],
@@ -224,7 +226,7 @@ def run(settings: Settings) -> dict[str, Any]:
     try:
         print_report(settings, server, measured, figures)
     finally:  # a long run's figures are kept even if the report fails
-        write_results(settings.results_dir, "bloat", started, results, default=jobs._to_json)
+        write_results(settings.results_dir, "bloat", started, results, default=to_json)
     return results
 
 

@@ -52,7 +52,8 @@ import psycopg
 
 import cyclone
 from bench.db import log
-from bench.jobs import _join_all, _meet
+from bench.drain import join_all as _join_all
+from bench.drain import meet as _meet
 from bench.monitor import LoadMonitor, machine_cpu
 from bench.recovery import Series
 from bench.workers import NOOP_KIND, throughput_worker
