@@ -120,7 +120,7 @@ def noop_rows(settings: Settings, samples: Sequence[Sample], prefix: str = "") -
     stale = ", stale stats" if settings.stale_stats else ""
     for (retained, processes), group in groups.items():
         rate = _rate(group)
-        held = f", {retained:,} retained{stale}" if retained else ""
+        held = f", {retained:,} retained{stale}" if retained else stale
         rows += [
             Row(
                 f"{prefix}no-op jobs, {processes} proc x {group[0]['config']}{held}",
