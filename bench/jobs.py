@@ -54,18 +54,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import platform
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import cyclone
@@ -77,10 +74,8 @@ from bench.db import (
     transaction_pooler,
 )
 from bench.drain import (
-    START_TIMEOUT,
     WorkerConfig,
     fill_backlog,
-    join_all,
     noop_drain,
     reset_tables,
 )
@@ -89,8 +84,8 @@ from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
 from bench.report import write_results
 from bench.retained import fill_retained
-from bench.wake import raw_wake
-from bench.workers import NOOP_KIND, PROBE_KIND, QUEUE, monotonic_ns, noop, probe_worker
+from bench.wake import cyclone_wake, raw_wake
+from bench.workers import NOOP_KIND, QUEUE, noop
 
 __all__ = ["DIRECT", "GRID", "Bench", "Settings", "Via", "main", "measure", "run"]
 
@@ -169,13 +164,6 @@ async def sustained_rate(call: Callable[[], Awaitable[int]], tasks: int, seconds
     began = loop.time()
     await asyncio.gather(*(repeat() for _ in range(tasks)))
     return done / (loop.time() - began)
-
-
-def _receive(conn: Connection, timeout: float) -> tuple[str, int, int]:
-    if not conn.poll(timeout):
-        raise TimeoutError(f"no report from the probe worker within {timeout} s")
-    kind, run_id, stamp = conn.recv()
-    return str(kind), int(run_id), int(stamp)
 
 
 class Bench:
@@ -412,7 +400,14 @@ class Bench:
                         warmup=settings.latency_warmup,
                     )
                 await reset_tables(self.dsn)
-                for name, values in (await self._probe(via, jobs, warmup)).items():
+                found = await cyclone_wake(
+                    self.dsn,
+                    self.config(via),
+                    client_dsn=via.to_client(self.dsn),
+                    jobs=jobs,
+                    warmup=warmup,
+                )
+                for name, values in found.items():
                     samples.setdefault(name, []).extend(values)
         result: dict[str, Any] = {
             "jobs": len(samples.get("db", [])),
@@ -423,53 +418,6 @@ class Bench:
         }
         log(f"  cyclone {via.name} latency: {result['jobs']} probes")
         return result
-
-    async def _probe(self, via: Via, jobs: int, warmup: int) -> dict[str, list[float]]:
-        ctx = multiprocessing.get_context("spawn")
-        receiver, sender = ctx.Pipe(duplex=False)
-        stop = ctx.Event()
-        options = {**self.config(via).options(), "report": sender, "stop": stop}
-        worker = ctx.Process(
-            target=probe_worker, args=(via.to_client(self.dsn),), kwargs=options, name="probe"
-        )
-        worker.start()
-        sender.close()
-        from_return: dict[int, float] = {}
-        from_call: dict[int, float] = {}
-        wait = 10.0 + 2 * self.settings.poll_interval
-        try:
-            kind, _, _ = await asyncio.to_thread(_receive, receiver, START_TIMEOUT)
-            if kind != "ready":
-                raise RuntimeError(f"the probe worker said {kind!r} before 'ready'")
-            client_dsn = via.to_client(self.dsn)
-            async with cyclone.Client(client_dsn, poll_interval=0.05, pooler=via.pooler) as client:
-                for n in range(warmup + jobs):
-                    called = monotonic_ns()
-                    handle = await client.enqueue(PROBE_KIND, {})
-                    returned = monotonic_ns()
-                    kind, run_id, started = await asyncio.to_thread(_receive, receiver, wait)
-                    if kind != "started" or run_id != handle.run_id:
-                        raise RuntimeError(f"expected run {handle.run_id}, got {kind} {run_id}")
-                    await client.wait(handle, timeout=wait)
-                    if n >= warmup:
-                        from_return[run_id] = (started - returned) / 1e6
-                        from_call[run_id] = (started - called) / 1e6
-        finally:
-            stop.set()
-            await asyncio.to_thread(join_all, [worker])
-            receiver.close()
-        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
-            cur = await conn.execute(
-                "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 "
-                "FROM cyclone_steps WHERE run_id = ANY(%s)",
-                [list(from_return)],
-            )
-            db = [float(ms) for (ms,) in await cur.fetchall()]
-        return {
-            "db": db,
-            "python_from_return": list(from_return.values()),
-            "python_from_call": list(from_call.values()),
-        }
 
 
 async def _phases(bench: Bench, via: Via) -> dict[str, Any]:

@@ -17,10 +17,16 @@ worker, one job at a time), the same measure with no engine around it, on the ra
 
 The latency of one probe is from the producer's statement returning to the claim
 having returned in the listener; the producer waits for the report before the next.
+
+:func:`cyclone_wake` is Cyclone's side: one idle worker process
+(:func:`bench.workers.probe_worker`, listening once it says ``ready``), a producer
+client that enqueues one probe run at a time, waits for the handler's start report and
+then for the run's completion, so that the worker is idle again before the next.
 """
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Event
@@ -28,9 +34,11 @@ from pathlib import Path
 
 import psycopg
 
-from bench.workers import monotonic_ns
+import cyclone
+from bench.drain import START_TIMEOUT, WorkerConfig, join_all
+from bench.workers import PROBE_KIND, monotonic_ns, probe_worker
 
-__all__ = ["CHANNEL", "claim_statement", "raw_listener", "raw_wake"]
+__all__ = ["CHANNEL", "claim_statement", "cyclone_wake", "raw_listener", "raw_wake"]
 
 CHANNEL = "bench_raw_wake"
 """The notification channel (spelled out in the statements too)."""
@@ -67,13 +75,13 @@ def raw_listener(dsn: str, claim: bytes, report: Connection, stop: Event) -> Non
                 report.send(("claimed", int(row[0]) if row else 0, monotonic_ns()))
 
 
-def _receive(conn: Connection) -> tuple[str, int, int]:
-    if not conn.poll(_TIMEOUT):
-        raise TimeoutError(f"no report from the raw listener within {_TIMEOUT} s")
+def _receive(conn: Connection, timeout: float = _TIMEOUT) -> tuple[str, int, int]:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"no report from the listening process within {timeout} s")
     try:
         kind, row_id, stamp = conn.recv()
     except EOFError:
-        raise RuntimeError("the raw listener exited; see its output above") from None
+        raise RuntimeError("the listening process exited; see its output above") from None
     return str(kind), int(row_id), int(stamp)
 
 
@@ -115,3 +123,60 @@ def raw_wake(dsn: str, scripts: Path, *, jobs: int, warmup: int) -> list[float]:
             listener.join()
         receiver.close()
     return samples
+
+
+async def cyclone_wake(
+    dsn: str, config: WorkerConfig, *, client_dsn: str, jobs: int, warmup: int
+) -> dict[str, list[float]]:
+    """``jobs`` Cyclone wake latencies in milliseconds (after ``warmup`` unmeasured):
+    ``python_from_return`` (``enqueue()`` return to handler start), ``python_from_call``
+    (``enqueue()`` call to handler start) and ``db`` (the step's ``started_at -
+    created_at``). The worker and the producer connect to ``client_dsn``; ``dsn`` reads
+    the steps.
+
+    Raises:
+        RuntimeError: the worker died, or reported another run than the one enqueued.
+        TimeoutError: the worker did not report in time.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    stop = ctx.Event()
+    options = {**config.options(), "report": sender, "stop": stop}
+    worker = ctx.Process(target=probe_worker, args=(client_dsn,), kwargs=options, name="probe")
+    worker.start()
+    sender.close()
+    from_return: dict[int, float] = {}
+    from_call: dict[int, float] = {}
+    wait = 10.0 + 2 * config.poll_interval
+    try:
+        kind, _, _ = await asyncio.to_thread(_receive, receiver, START_TIMEOUT)
+        if kind != "ready":
+            raise RuntimeError(f"the probe worker said {kind!r} before 'ready'")
+        async with cyclone.Client(client_dsn, poll_interval=0.05, pooler=config.pooler) as client:
+            for n in range(warmup + jobs):
+                called = monotonic_ns()
+                handle = await client.enqueue(PROBE_KIND, {})
+                returned = monotonic_ns()
+                kind, run_id, started = await asyncio.to_thread(_receive, receiver, wait)
+                if kind != "started" or run_id != handle.run_id:
+                    raise RuntimeError(f"expected run {handle.run_id}, got {kind} {run_id}")
+                await client.wait(handle, timeout=wait)
+                if n >= warmup:
+                    from_return[run_id] = (started - returned) / 1e6
+                    from_call[run_id] = (started - called) / 1e6
+    finally:
+        stop.set()
+        await asyncio.to_thread(join_all, [worker])
+        receiver.close()
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 "
+            "FROM cyclone_steps WHERE run_id = ANY(%s)",
+            [list(from_return)],
+        )
+        db = [float(ms) for (ms,) in await cur.fetchall()]
+    return {
+        "db": db,
+        "python_from_return": list(from_return.values()),
+        "python_from_call": list(from_call.values()),
+    }
