@@ -23,9 +23,14 @@ Modules:
   (``python -m bench.bloat``), with :mod:`bench.steady` (the load, the samples and the
   holder), :mod:`bench.recovery` (baseline and recovery, pure) and
   :mod:`bench.bloat_report` (the per-window table and the summary);
+* :mod:`bench.scale`: no-op jobs/s of 1, 2, 4 worker hosts (network namespaces) on one
+  throwaway server, with the server's CPU beside it (``python -m bench.scale``, as
+  root; it borrows :mod:`tests.netns` and :mod:`tests.throwaway`), and
+  :mod:`bench.procstat` (CPU time of a process tree from ``/proc``);
 * :mod:`bench.raw`: the pgbench runs (also ``python -m bench.raw`` on its own);
 * :mod:`bench.workers`: the worker processes (started with multiprocessing, spawn);
+* :mod:`bench.fleet`: starting them together at a barrier and stopping them;
 * :mod:`bench.db`: throwaway databases, connection strings and the PgBouncer of
   ``--pooler``;
-* :mod:`bench.report`: percentiles, the comparison table and the profile summary.
+* :mod:`bench.report`: results files, percentiles, tables and the profile summary.
 """

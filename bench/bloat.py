@@ -33,9 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import platform
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -50,10 +47,10 @@ from bench import jobs
 from bench.bloat_report import compute, print_report
 from bench.db import DEFAULT_ADMIN_DSN, log, server_settings, throwaway_database
 from bench.drain import reset_tables
-from bench.jobs_report import git_commit, to_json
+from bench.jobs_report import to_json
 from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, RawLimit
-from bench.report import write_results
+from bench.report import provenance, write_results
 from bench.steady import SteadyLoad, SteadyResult
 
 __all__ = ["Settings", "main", "measure", "run"]
@@ -75,7 +72,7 @@ class Settings:
     peak_jobs: int
     processes: int
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     retention_s: float
     purge_interval: float
@@ -194,15 +191,7 @@ def run(settings: Settings) -> dict[str, Any]:
     figures = compute(settings, steady)
     server = server_settings(settings.admin_dsn)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "rate": measured["rate"],
         "peak": measured["peak"],
         "raw_before": measured["raw_before"],
@@ -249,7 +238,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--peak-jobs", type=int, default=None, help="runs of the peak drain [20,000; short 5,000]")
     add("--processes", type=int, default=2, help="worker processes")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--retention", type=float, default=60.0, help="seconds a finished run is kept")
     add("--purge-interval", type=float, default=10.0, help="workers' purge interval (s)")

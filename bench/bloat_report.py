@@ -218,7 +218,7 @@ def print_report(
         f"Cyclone {cyclone.__version__}, bloat and held horizons, on PostgreSQL "
         f"{server.get('server_version')} and {os.cpu_count()} cores: {settings.duration_s} s "
         f"at {measured['rate']:,.0f} jobs/s ({settings.processes} worker processes x "
-        f"{settings.slots} slots, claim_batch {settings.claim_batch}), retention "
+        f"{settings.slots} slots, claim_batch {settings.claim_batch or 'free slots'}), retention "
         f"{settings.retention_s:g} s, purge every {settings.purge_interval:g} s"
     )
     if steady.held_at_s is not None and steady.released_at_s is not None:

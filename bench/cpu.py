@@ -14,7 +14,11 @@ limit's) in ``pg_stat_activity``, and samples their CPU time when it starts, eve
 * a backend that exits before the end counts up to the last value seen (up to one
   ``interval`` of its time is lost: sample often for short spans).
 
-The result, :class:`ServerCpu`, is the sum over backends in seconds.
+The result, :class:`ServerCpu`, is the sum over backends in seconds. (:mod:`bench.scale`
+charges the server's whole process tree instead, through :mod:`bench.procstat`: that
+counts the WAL writer, the checkpointer and autovacuum too, and every database's
+backends; here only the benchmark's own connections count, which a shared server
+allows.)
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+
+from bench.procstat import parse_stat
 
 __all__ = ["CLOCK_TICKS", "BackendCpu", "ServerCpu", "cpu_used", "read_ticks", "stat_ticks"]
 
@@ -44,20 +50,14 @@ WHERE datname = current_database()
 
 
 def stat_ticks(stat: str) -> int:
-    """``utime + stime`` (clock ticks) of one ``/proc/<pid>/stat`` line.
-
-    The second field, the command name in parentheses, may hold spaces and
-    parentheses itself, so the fields are counted from the last ``)``: field 3 (the
-    state) is the first after it, which puts fields 14 and 15 at offsets 11 and 12.
+    """``utime + stime`` (clock ticks, fields 14 and 15) of one ``/proc/<pid>/stat``
+    line, parsed by :func:`bench.procstat.parse_stat`.
 
     Raises:
         ValueError: ``stat`` is not such a line.
     """
-    head, paren, tail = stat.rpartition(")")
-    fields = tail.split()
-    if not paren or "(" not in head or len(fields) < 13:
-        raise ValueError(f"not a /proc/<pid>/stat line: {stat[:80]!r}")
-    return int(fields[11]) + int(fields[12])
+    parsed = parse_stat(stat)
+    return parsed.utime + parsed.stime
 
 
 def read_ticks(pid: int) -> int | None:

@@ -43,16 +43,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from multiprocessing.queues import SimpleQueue
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +59,13 @@ from bench.cpu import BackendCpu
 from bench.dag_app import NOOP_STEP, WORKFLOWS, chain, dag_worker, wide
 from bench.dag_report import print_report
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
-from bench.drain import join_all as _join_all
-from bench.drain import meet as _meet
 from bench.drain import reset_tables
+from bench.fleet import started_together
 from bench.jobs import RESULTS_DIR
-from bench.jobs_report import git_commit as _git_commit
 from bench.jobs_report import to_json
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
 from bench.raw import DEFAULT_SCRIPTS, RawLimit
-from bench.report import write_results
+from bench.report import provenance, write_results
 
 __all__ = ["Settings", "Workload", "main", "measure", "run"]
 
@@ -92,7 +85,7 @@ class Settings:
     wide_runs: int
     processes: tuple[int, ...]
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     count_interval: float
     worker_timeout: float
@@ -196,55 +189,40 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
         (started,) = await _fetch(conn, _STARTED)
     if started:  # the span would start before the barrier
         raise RuntimeError(f"{started} steps of the backlog ran before the workers started")
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(processes + 1)
-    stop = ctx.Event()
-    usage: SimpleQueue[float] = ctx.SimpleQueue()
     options = {
         "slots": settings.slots,
         "claim_batch": settings.claim_batch,
         "poll_interval": settings.poll_interval,
-        "start": start,
-        "stop": stop,
-        "usage": usage,
     }
-    workers = [
-        ctx.Process(target=dag_worker, args=(dsn,), kwargs=options, name=f"worker-{i}")
-        for i in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
     server: BackendCpu | None = None
     try:
-        await _meet(start, workers)
-        server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
-        began = time.perf_counter()
-        cpu_before = machine_cpu()
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            while True:
-                completed, failed = await _fetch(conn, _PROGRESS)
-                if completed + failed >= runs:
-                    break
-                if not all(worker.is_alive() for worker in workers):
-                    raise RuntimeError("a worker process died; see its output above")
-                if time.perf_counter() - began > settings.worker_timeout:
-                    raise TimeoutError(
-                        f"{completed} of {runs} runs completed in {settings.worker_timeout} s"
-                    )
-                await asyncio.sleep(settings.count_interval)
-            elapsed = time.perf_counter() - began
-            cores = busy_cores(cpu_before, machine_cpu())
-            server_cpu = await asyncio.to_thread(server.stop)
-            done, steps, span = await _fetch(conn, _STEPS)
+        async with started_together(dag_worker, [(dsn,)] * processes, options) as fleet:
+            server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
+            began = time.perf_counter()
+            cpu_before = machine_cpu()
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                while True:
+                    completed, failed = await _fetch(conn, _PROGRESS)
+                    if completed + failed >= runs:
+                        break
+                    if not fleet.alive():
+                        raise RuntimeError("a worker process died; see its output above")
+                    if time.perf_counter() - began > settings.worker_timeout:
+                        raise TimeoutError(
+                            f"{completed} of {runs} runs completed in {settings.worker_timeout} s"
+                        )
+                    await asyncio.sleep(settings.count_interval)
+                elapsed = time.perf_counter() - began
+                cores = busy_cores(cpu_before, machine_cpu())
+                server_cpu = await asyncio.to_thread(server.stop)  # before the workers stop
+                done, steps, span = await _fetch(conn, _STEPS)
     finally:
         if server is not None:
             server.stop()
-        stop.set()
-        await asyncio.to_thread(_join_all, workers)
     if failed or done != steps:
         raise RuntimeError(f"{failed} runs failed, {steps - done} of {steps} steps not completed")
     span = float(span) if span else elapsed
-    worker_cpu = [usage.get() for worker in workers if worker.exitcode == 0]
+    worker_cpu = fleet.cpu_s
     return {
         "processes": processes,
         "runs": runs,
@@ -396,15 +374,7 @@ def run(settings: Settings) -> dict[str, Any]:
     server = server_settings(settings.admin_dsn)
     print_report(settings, server, measured)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": _git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "measured": measured,
     }
     write_results(settings.results_dir, "dag", started, results, default=to_json)
@@ -424,7 +394,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--wide-runs", type=int, default=30, help="runs of the 1-100-1 DAG per drain")
     add("--processes", type=int, nargs="+", default=[1, 2], help="worker processes per drain")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=120.0, help="give up on a drain after (s)")

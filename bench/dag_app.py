@@ -17,7 +17,7 @@ exactly as :func:`bench.workers.throughput_worker` is by :mod:`bench.jobs`
 (multiprocessing, spawn; start barrier; CPU time reported at stop). :func:`client`
 builds the same worker client for the command line, configured from the environment::
 
-    CYCLONE_DSN=postgresql:///db BENCH_SLOTS=20 BENCH_CLAIM_BATCH=10 \\
+    CYCLONE_DSN=postgresql:///db BENCH_SLOTS=20 \\
         cyclone worker bench.dag_app:client
 """
 
@@ -95,13 +95,13 @@ def worker_client(
 def client() -> cyclone.Client:
     """``cyclone worker bench.dag_app:client``: the worker client, from the environment.
 
-    ``CYCLONE_DSN`` (required), ``BENCH_SLOTS`` (20), ``BENCH_CLAIM_BATCH`` (10),
-    ``BENCH_POLL_INTERVAL`` (1.0 s).
+    ``CYCLONE_DSN`` (required), ``BENCH_SLOTS`` (20), ``BENCH_CLAIM_BATCH`` (unset: the
+    free slots), ``BENCH_POLL_INTERVAL`` (1.0 s).
     """
     return worker_client(
         os.environ["CYCLONE_DSN"],
         slots=int(os.environ.get("BENCH_SLOTS", "20")),
-        claim_batch=int(os.environ.get("BENCH_CLAIM_BATCH", "10")),
+        claim_batch=int(batch) if (batch := os.environ.get("BENCH_CLAIM_BATCH")) else None,
         poll_interval=float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
     )
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import cyclone
 from bench.raw import PgbenchResult
-from bench.report import Row, render_table
+from bench.report import Row, render_table, text_table
 
 if TYPE_CHECKING:
     from bench.dag import Settings
@@ -104,19 +104,6 @@ def build_rows(measured: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _table(lines: list[tuple[str, ...]], right: set[int]) -> str:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for n, line in enumerate(lines):
-        cells = [
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(line)
-        ]
-        out.append("  ".join(cells).rstrip())
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
-
-
 def _us(value: float | None) -> str:
     return "?" if value is None else f"{value:,.0f} us"
 
@@ -128,7 +115,8 @@ def print_report(settings: Settings, server: dict[str, Any], measured: dict[str,
         f"Cyclone {cyclone.__version__} static DAGs vs standalone jobs, PostgreSQL "
         f"{server.get('server_version')} on {os.cpu_count()} cores "
         f"(synchronous_commit={server.get('synchronous_commit')}, fsync={server.get('fsync')}); "
-        f"no-op steps, claim_batch {settings.claim_batch}, {settings.slots} slots/process"
+        f"no-op steps, claim_batch {settings.claim_batch or 'free slots'}, "
+        f"{settings.slots} slots/process"
     )
     print()
     print(render_table(build_rows(measured)))
@@ -169,7 +157,7 @@ def print_report(settings: Settings, server: dict[str, Any], measured: dict[str,
                 )
             )
         print()
-        print(_table(lines, right=set(range(1, 12))))
+        print(text_table(lines, right=range(1, 12)))
         print()
         print(
             "steps/s over the database span (first started_at to last completed_at); jobs = "

@@ -5,8 +5,9 @@ the time until every run is completed.
 emptied tables and then vacuums, analyzes and checkpoints (as ``refill.sql`` does for
 the raw table; with ``settle=False`` only the checkpoint, so that stale statistics stay
 stale). :func:`noop_drain` starts the worker processes (:func:`bench.workers.
-throughput_worker`, spawn), meets them at a barrier, and polls ``SELECT count(*) FROM
-cyclone_runs WHERE state = 'completed'`` until it reaches the backlog. It records:
+throughput_worker`, together at a barrier: :mod:`bench.fleet`), and polls ``SELECT
+count(*) FROM cyclone_runs WHERE state = 'completed'`` (:func:`wait_completed`) until it
+has grown by the backlog. It records:
 
 * jobs/s from the barrier to the last completion seen, and over the span on the
   database's clock (first ``started_at`` to last ``completed_at``);
@@ -20,40 +21,35 @@ cyclone_runs WHERE state = 'completed'`` until it reaches the backlog. It record
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import subprocess
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.queues import SimpleQueue
-from multiprocessing.synchronize import Barrier
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 import cyclone
 from bench.cpu import BackendCpu
-from bench.db import execute, log
+from bench.db import execute
+from bench.fleet import STOP_TIMEOUT, Fleet, started_together
 from bench.monitor import busy_cores, machine_cpu
 from bench.workers import NOOP_KIND, throughput_worker
 
 __all__ = [
+    "DrainOptions",
     "WorkerConfig",
     "count_completed",
+    "db_span",
     "fill_backlog",
-    "join_all",
-    "meet",
     "noop_drain",
     "reset_tables",
+    "wait_completed",
 ]
 
 BACKLOG_CHUNK = 1_000
 """Runs per ``enqueue_many`` call when filling the backlog."""
-START_TIMEOUT = 60.0
-"""Seconds for worker processes to start."""
-STOP_TIMEOUT = 30.0
-"""Seconds for a worker process to stop gracefully."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,28 +135,67 @@ def start_py_spy(pid: int, output: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-async def meet(start: Barrier, workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Pass the start barrier with every worker; fail at once if one dies first."""
-    deadline = time.perf_counter() + START_TIMEOUT
-    while start.n_waiting < len(workers):
-        if not all(worker.is_alive() for worker in workers):
-            start.abort()
-            raise RuntimeError("a worker process died before the start; see its output above")
-        if time.perf_counter() > deadline:
-            start.abort()
-            raise TimeoutError(f"worker processes not ready within {START_TIMEOUT} s")
-        await asyncio.sleep(0.01)
-    await asyncio.to_thread(start.wait, START_TIMEOUT)
+class DrainOptions(Protocol):
+    """How a drain is watched: the settings of each no-op benchmark have these."""
+
+    @property
+    def jobs(self) -> int:
+        """Runs the drain works off."""
+
+    @property
+    def worker_timeout(self) -> float:
+        """Seconds from the barrier after which the drain is given up."""
+
+    @property
+    def count_interval(self) -> float:
+        """Seconds between two counts of the completed runs."""
 
 
-def join_all(workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
-    """Wait for each worker to stop; terminate one that does not within the timeout."""
-    for worker in workers:
-        worker.join(STOP_TIMEOUT)
-        if worker.is_alive():
-            log(f"  {worker.name} did not stop within {STOP_TIMEOUT} s; terminating it")
-            worker.terminate()
-            worker.join()
+async def wait_completed(
+    conn: psycopg.AsyncConnection[Any],
+    options: DrainOptions,
+    fleet: Fleet,
+    began: float,
+    *,
+    before: int = 0,
+) -> None:
+    """Count the completed runs every ``count_interval`` s until ``jobs`` more than
+    ``before`` (runs completed before the drain: retained ones) are.
+
+    Raises:
+        RuntimeError: a process of ``fleet`` died first.
+        TimeoutError: not done ``worker_timeout`` s after ``began``
+            (``time.perf_counter()``).
+    """
+    jobs, timeout = options.jobs, options.worker_timeout
+    while (completed := await count_completed(conn) - before) < jobs:
+        if not fleet.alive():
+            raise RuntimeError("a worker process died; see its output above")
+        if time.perf_counter() - began > timeout:
+            raise TimeoutError(f"{completed} of {jobs} runs completed in {timeout} s")
+        await asyncio.sleep(options.count_interval)
+
+
+async def db_span(
+    conn: psycopg.AsyncConnection[Any], since: datetime | None = None
+) -> float | None:
+    """Seconds from the first ``started_at`` to the last ``completed_at`` of the steps
+    started at or after ``since`` (every step: ``None``), on the database's clock
+    (``None`` when no step finished)."""
+    cur = await conn.execute(
+        "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 "
+        "FROM cyclone_steps WHERE %(since)s::timestamptz IS NULL OR started_at >= %(since)s",
+        {"since": since},
+    )
+    row = await cur.fetchone()
+    return float(row[0]) if row and row[0] else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Watch:
+    jobs: int
+    worker_timeout: float
+    count_interval: float
 
 
 async def noop_drain(
@@ -174,7 +209,8 @@ async def noop_drain(
     worker_timeout: float = 60.0,
     py_spy: Path | None = None,
 ) -> dict[str, Any]:
-    """Drain the backlog of ``jobs`` runs in ``dsn`` with ``processes`` worker processes.
+    """Drain the backlog of ``jobs`` runs in ``dsn`` with ``processes`` worker processes
+    (:func:`bench.fleet.started_together`).
 
     ``worker_dsn``: where the workers connect (a pooler in front of ``dsn``); the
     driver's own connections and the server CPU sampler use ``dsn``.
@@ -183,69 +219,41 @@ async def noop_drain(
         RuntimeError: a worker process died.
         TimeoutError: the backlog was not drained within ``worker_timeout`` seconds.
     """
-    ctx = multiprocessing.get_context("spawn")
-    start = ctx.Barrier(processes + 1)
-    stop = ctx.Event()
-    usage: SimpleQueue[float] = ctx.SimpleQueue()
-    options = {**config.options(), "start": start, "stop": stop, "usage": usage}
-    workers = [
-        ctx.Process(
-            target=throughput_worker,
-            args=(worker_dsn or dsn,),
-            kwargs=options,
-            name=f"worker-{i}",
-        )
-        for i in range(processes)
-    ]
+    watch = _Watch(jobs, worker_timeout, count_interval)
     spies: list[subprocess.Popen[bytes]] = []
     profiles: list[Path] = []
-    for worker in workers:
-        worker.start()
     server: BackendCpu | None = None
-    try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            # steps started before this moment (retained runs) stay out of the span
-            cur = await conn.execute("SELECT clock_timestamp()")
-            row = await cur.fetchone()
-            assert row is not None
-            t0 = row[0]
-            done_before = await count_completed(conn)  # retained runs
-            await meet(start, workers)
-            server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
-            began = time.perf_counter()
-            cpu_before = machine_cpu()
-            if py_spy is not None:
-                await asyncio.to_thread(py_spy.mkdir, parents=True, exist_ok=True)
-                for worker in workers:
-                    assert worker.pid is not None
-                    profiles.append(py_spy / f"worker-p{processes}-{worker.pid}.txt")
-                    spies.append(start_py_spy(worker.pid, profiles[-1]))
-            while (completed := await count_completed(conn) - done_before) < jobs:
-                if not all(worker.is_alive() for worker in workers):
-                    raise RuntimeError("a worker process died; see its output above")
-                if time.perf_counter() - began > worker_timeout:
-                    raise TimeoutError(
-                        f"{completed} of {jobs} runs completed in {worker_timeout} s"
-                    )
-                await asyncio.sleep(count_interval)
-            elapsed = time.perf_counter() - began
-            cores = busy_cores(cpu_before, machine_cpu())
-            server_cpu = await asyncio.to_thread(server.stop)
-            cur = await conn.execute(
-                "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 "
-                "FROM cyclone_steps WHERE started_at >= %s",
-                [t0],
-            )
-            span_row = await cur.fetchone()
-    finally:
-        if server is not None:
-            server.stop()
-        stop.set()
-        await asyncio.to_thread(join_all, workers)
-        for spy in spies:
-            await asyncio.to_thread(spy.wait, STOP_TIMEOUT)
-    span = float(span_row[0]) if span_row and span_row[0] else elapsed
-    worker_cpu = [usage.get() for worker in workers if worker.exitcode == 0]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        # steps started before this moment (retained runs) stay out of the span, and
+        # runs completed before it out of the count
+        cur = await conn.execute("SELECT clock_timestamp()")
+        row = await cur.fetchone()
+        assert row is not None
+        t0 = row[0]
+        done_before = await count_completed(conn)
+        try:
+            async with started_together(
+                throughput_worker, [(worker_dsn or dsn,)] * processes, config.options()
+            ) as fleet:
+                server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
+                began = time.perf_counter()
+                cpu_before = machine_cpu()
+                if py_spy is not None:
+                    await asyncio.to_thread(py_spy.mkdir, parents=True, exist_ok=True)
+                    for pid in fleet.pids:
+                        profiles.append(py_spy / f"worker-p{processes}-{pid}.txt")
+                        spies.append(start_py_spy(pid, profiles[-1]))
+                await wait_completed(conn, watch, fleet, began, before=done_before)
+                elapsed = time.perf_counter() - began
+                cores = busy_cores(cpu_before, machine_cpu())
+                server_cpu = await asyncio.to_thread(server.stop)  # before the workers stop
+        finally:
+            if server is not None:
+                server.stop()
+            for spy in spies:
+                await asyncio.to_thread(spy.wait, STOP_TIMEOUT)
+        span = await db_span(conn, t0) or elapsed
+    worker_cpu = fleet.cpu_s
     return {
         "processes": processes,
         "slots": config.slots,

@@ -54,9 +54,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import platform
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
@@ -74,20 +71,37 @@ from bench.db import (
     transaction_pooler,
 )
 from bench.drain import (
+    DrainOptions,
     WorkerConfig,
+    db_span,
     fill_backlog,
     noop_drain,
     reset_tables,
+    wait_completed,
 )
-from bench.jobs_report import build_rows, git_commit, print_report, to_json
+from bench.jobs_report import build_rows, print_report, to_json
 from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
-from bench.report import write_results
+from bench.report import provenance, write_results
 from bench.retained import fill_retained
 from bench.wake import cyclone_wake, raw_wake
 from bench.workers import NOOP_KIND, QUEUE, noop
 
-__all__ = ["DIRECT", "GRID", "Bench", "Settings", "Via", "main", "measure", "run"]
+__all__ = [
+    "DIRECT",
+    "GRID",
+    "Bench",
+    "DrainOptions",
+    "Settings",
+    "Via",
+    "db_span",
+    "fill_backlog",
+    "main",
+    "measure",
+    "reset_tables",
+    "run",
+    "wait_completed",
+]
 
 PHASES = ("raw", "enqueue", "workers", "latency")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -108,7 +122,7 @@ class Settings:
     jobs: int
     processes: tuple[int, ...]
     slots: int
-    claim_batch: int
+    claim_batch: int | None
     poll_interval: float
     count_interval: float
     worker_timeout: float
@@ -477,15 +491,7 @@ def run(settings: Settings) -> dict[str, Any]:
     server = server_settings(settings.admin_dsn)
     print_report(settings, server, rows, raw, measured)
     results = {
-        "started_at": started.isoformat(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-        },
-        "server": server,
-        "cyclone": {"version": cyclone.__version__, "commit": git_commit()},
-        "settings": settings.to_json(),
+        **provenance(started, server, settings.to_json()),
         "raw": [r.to_json() for r in raw],
         "measured": measured,
         "rows": [row.to_json() for row in rows],
@@ -511,7 +517,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--jobs", type=int, default=20_000, help="no-op runs each worker measurement drains")
     add("--processes", type=int, nargs="+", default=[1, 2], help="worker processes per run")
     add("--slots", type=int, default=20, help="worker slots per process")
-    add("--claim-batch", type=int, default=10, help="steps per claim statement")
+    add("--claim-batch", type=int, help="steps per claim statement (default: the free slots)")
     add("--poll-interval", type=float, default=1.0, help="workers' poll interval (s)")
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=60.0, help="give up on a no-op run after (s)")

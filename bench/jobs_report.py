@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from bench.report import Row, latency_summary, profile_summary, render_table
 if TYPE_CHECKING:
     from bench.jobs import Settings
 
-__all__ = ["build_rows", "git_commit", "median", "print_report", "to_json"]
+__all__ = ["build_rows", "median", "print_report", "to_json"]
 
 Sample = dict[str, Any]
 _TEN, _ONE = "claim_complete10.sql", "claim_complete1.sql"
@@ -189,7 +188,7 @@ def grid_rows(grid: dict[str, Any]) -> list[Row]:
                 rows.append(
                     Row(
                         f"no-op client defaults, {processes} proc ({defaults['slots']} slots x "
-                        f"claim_batch {defaults['claim_batch']})",
+                        f"claim_batch {defaults['claim_batch'] or 'free slots'})",
                         _rate(group),
                         "jobs/s",
                         "best grid cell",
@@ -279,21 +278,6 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-def git_commit() -> str | None:
-    """The short commit of the checkout the bench runs from, if any."""
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip() or None
-
-
 def _spread(values: Sequence[float]) -> str:
     if len(values) < 2:
         return ""
@@ -355,7 +339,8 @@ def print_report(
         f"Cyclone {cyclone.__version__} vs raw PostgreSQL {server.get('server_version')} "
         f"on {os.cpu_count()} cores (synchronous_commit={server.get('synchronous_commit')}, "
         f"fsync={server.get('fsync')}); no-op: {settings.jobs:,} jobs, "
-        f"claim_batch {settings.claim_batch}, {settings.slots} slots/process; each figure "
+        f"claim_batch {settings.claim_batch or 'free slots'}, {settings.slots} slots/process; "
+        "each figure "
         f"the median of {settings.repeats} interleaved repeat(s)"
     )
     print()

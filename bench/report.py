@@ -1,4 +1,4 @@
-"""Reporting: latency percentiles, the Cyclone-versus-raw table, and profile summaries.
+"""Reporting: results files, latency percentiles, tables, and profile summaries.
 
 A :class:`Row` is one Cyclone figure with the reference it is compared with (the raw
 limit measured in the same run, or another Cyclone figure: the best grid cell, the
@@ -12,15 +12,64 @@ reads py-spy's collapsed stacks (``--format raw``) and names where the samples f
 from __future__ import annotations
 
 import json
+import os
+import platform
 import re
 import statistics
+import subprocess
+import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Row", "latency_summary", "profile_summary", "render_table", "write_results"]
+import cyclone
+
+__all__ = [
+    "Row",
+    "git_commit",
+    "latency_summary",
+    "profile_summary",
+    "provenance",
+    "render_table",
+    "text_table",
+    "write_results",
+]
+
+
+def git_commit() -> str | None:
+    """The short commit of the checkout the benchmarks run from (``None`` outside git)."""
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def provenance(
+    started: datetime, server: Mapping[str, Any], settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The head of every results file: when, on what machine and server, which Cyclone
+    (version and commit), with which settings."""
+    return {
+        "started_at": started.isoformat(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+        },
+        "server": dict(server),
+        "cyclone": {"version": cyclone.__version__, "commit": git_commit()},
+        "settings": dict(settings),
+    }
 
 
 def write_results(
@@ -160,12 +209,18 @@ def render_table(rows: Iterable[Row]) -> str:
                 row.load,
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    right = {1, 2, 4, 7, 8}
+    return text_table(lines, right={1, 2, 4, 7, 8})
+
+
+def text_table(lines: Sequence[tuple[str, ...]], right: Iterable[int] = ()) -> str:
+    """``lines`` (the header first) as columns two spaces apart, a rule under the
+    header; the columns numbered in ``right`` (0-based) aligned to the right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    to_right = set(right)
     out = []
     for n, line in enumerate(lines):
         cells = [
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            cell.rjust(widths[i]) if i in to_right else cell.ljust(widths[i])
             for i, cell in enumerate(line)
         ]
         out.append("  ".join(cells).rstrip())

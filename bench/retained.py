@@ -8,8 +8,9 @@ identity, the steps inserted from the runs' ``RETURNING``):
 * nine in ten ``completed``, with one ``completed`` step (attempt 0);
 * one in ten ``failed``, with one ``discarded`` step (its attempts used up, an error);
 * finished within the last day (from 23 h 1 min ago to 1 min ago, in id order), each
-  step with ``retention = 7 days``, so every run is inside its retention and the purge
-  deletes none of them.
+  step and run with ``retention = 7 days`` (a run's retention is its step's, as
+  ``enqueue`` writes it), so every run is inside its retention and the purge deletes
+  none of them.
 
 Then, by default, ``ANALYZE`` of both tables, so the planner knows their size (none
 when ``n`` is 0). With
@@ -38,10 +39,10 @@ RETAINED_SQL = """
 WITH runs AS (
     INSERT INTO cyclone_runs (
         workflow, def_version, input, state, result_node, created_at, updated_at,
-        finished_at)
+        finished_at, retention)
     SELECT %(kind)s, 'job', '{}'::jsonb,
            CASE WHEN mod(g.i, 10) = 0 THEN 'failed' ELSE 'completed' END,
-           %(kind)s, f.at - interval '2 milliseconds', f.at, f.at
+           %(kind)s, f.at - interval '2 milliseconds', f.at, f.at, interval '7 days'
     FROM generate_series(1, %(n)s::bigint) AS g (i)
     CROSS JOIN LATERAL (
         SELECT now() - interval '1 minute'

@@ -39,21 +39,18 @@ processes recover on their own, as any Cyclone client does.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from multiprocessing.queues import SimpleQueue
 from typing import Any, TypeVar
 
 import psycopg
 
 import cyclone
 from bench.db import log
-from bench.drain import join_all as _join_all
-from bench.drain import meet as _meet
+from bench.fleet import Fleet, started_together
 from bench.monitor import LoadMonitor, machine_cpu
 from bench.recovery import Series
 from bench.workers import NOOP_KIND, throughput_worker
@@ -246,21 +243,9 @@ class SteadyLoad:
 
     async def run(self) -> SteadyResult:
         """Start the workers, run the load for ``duration_s``, stop them; the result."""
-        ctx = multiprocessing.get_context("spawn")
-        start = ctx.Barrier(self.processes + 1)
-        stop = ctx.Event()
-        usage: SimpleQueue[float] = ctx.SimpleQueue()
-        options = {**self.worker_options, "start": start, "stop": stop, "usage": usage}
-        workers = [
-            ctx.Process(
-                target=throughput_worker, args=(self.dsn,), kwargs=options, name=f"worker-{i}"
-            )
-            for i in range(self.processes)
-        ]
-        for worker in workers:
-            worker.start()
-        try:
-            await _meet(start, workers)
+        async with started_together(
+            throughput_worker, [(self.dsn,)] * self.processes, self.worker_options
+        ) as fleet:
             async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                 cur = await conn.execute("SELECT clock_timestamp()")
                 row = await cur.fetchone()
@@ -275,7 +260,7 @@ class SteadyLoad:
                     group.create_task(self._collect(collector))
                     group.create_task(self._sample(sampler))
                     group.create_task(self._hold())
-                    group.create_task(self._watch(workers))
+                    group.create_task(self._watch(fleet))
                     if self.vacuum_interval:
                         group.create_task(self._vacuum(self.vacuum_interval))
                 await collector.run(self._collect_once)
@@ -283,15 +268,12 @@ class SteadyLoad:
             finally:
                 await collector.close()
                 await sampler.close()
-        finally:
-            stop.set()
-            await asyncio.to_thread(_join_all, workers)
-        self.result.worker_cpu_s = tuple(usage.get() for w in workers if w.exitcode == 0)
+        self.result.worker_cpu_s = tuple(fleet.cpu_s)
         return self.result
 
-    async def _watch(self, workers: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    async def _watch(self, fleet: Fleet) -> None:
         while asyncio.get_running_loop().time() < self._at(self.duration_s):
-            if not all(worker.is_alive() for worker in workers):
+            if not fleet.alive():
                 raise RuntimeError("a worker process died; see its output above")
             await asyncio.sleep(1.0)
 

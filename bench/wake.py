@@ -35,7 +35,8 @@ from pathlib import Path
 import psycopg
 
 import cyclone
-from bench.drain import START_TIMEOUT, WorkerConfig, join_all
+from bench.drain import WorkerConfig
+from bench.fleet import START_TIMEOUT, join_all
 from bench.workers import PROBE_KIND, monotonic_ns, probe_worker
 
 __all__ = ["CHANNEL", "claim_statement", "cyclone_wake", "raw_listener", "raw_wake"]

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -73,11 +73,16 @@ def set_database_timezone(dsn: str, zone: str) -> str:
 
 
 def start_worker(
-    app: str, env: Mapping[str, str], *, log_level: str = "WARNING", netns: str | None = None
+    app: str,
+    env: Mapping[str, str],
+    *,
+    log_level: str = "WARNING",
+    netns: str | None = None,
+    args: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start ``cyclone worker APP`` in a new process (its own process group), inside the
-    network namespace ``netns`` if given (``ip netns exec`` execs, so the pid is the
-    worker's).
+    """Start ``cyclone worker APP [ARGS]`` in a new process (its own process group),
+    inside the network namespace ``netns`` if given (``ip netns exec`` execs, so the pid
+    is the worker's).
 
     Its log goes to a temporary file, ``proc.log_path``, so a full pipe never blocks it.
     """
@@ -88,7 +93,11 @@ def start_worker(
     with log_file:
         prefix = ["ip", "netns", "exec", netns] if netns is not None else []
         proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app],
+            [
+                *prefix,
+                *(sys.executable, "-m", "cyclone", "--log-level", log_level, "worker", app),
+                *args,
+            ],
             cwd=ROOT,
             env=full_env,
             stdout=log_file,

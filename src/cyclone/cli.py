@@ -29,7 +29,13 @@ from psycopg_pool import ConnectionPool
 from rich.console import Console, RenderableType
 
 from cyclone import monitor, render
-from cyclone.cli_options import connection_options, json_option, limit_option, pooler_option
+from cyclone.cli_options import (
+    connection_options,
+    json_option,
+    limit_option,
+    pooler_option,
+    slot_options,
+)
 from cyclone.client import Client
 from cyclone.connections import ConnectionSettings
 from cyclone.errors import CycloneError
@@ -149,13 +155,17 @@ async def _serve(client: Client) -> None:
 
 @main.command()
 @click.argument("app")
+@slot_options
 @pooler_option
-def worker(app: str) -> None:
+def worker(app: str, slots: int | None, queue_slots: dict[str, int]) -> None:
     """Run the workers of APP (module:client) until SIGTERM, then drain gracefully."""
     sys.path.insert(0, "")
     client = load_client(app)
     if not client.handlers:
         raise click.UsageError(f"{app} registers no handlers; a worker would have nothing to run")
+    if slots is not None or queue_slots:
+        queues = dict.fromkeys(client.queues, slots) if slots is not None else dict(client.queues)
+        client.set_queues({**queues, **queue_slots})
     asyncio.run(_serve(client))
     if client.threads_running:
         # Their steps were given back and their late completion will be refused;

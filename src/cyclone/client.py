@@ -85,10 +85,10 @@ from cyclone.transitions import (
     resume_stmts,
     retry_plan,
 )
-from cyclone.worker import Worker, WorkerSettings
+from cyclone.worker import MAX_CLAIM_BATCH, Worker, WorkerSettings
 from cyclone.workflow import Workflow
 
-__all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "Client"]
+__all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "MAX_SLOTS", "Client"]
 
 log = logging.getLogger("cyclone.client")
 T = TypeVar("T")
@@ -99,6 +99,8 @@ LEASE_CONNECTIONS = 2
 """Connections of the lease pool (claims and heartbeats)."""
 DEFAULT_SLOTS = 10
 """Worker slots of each queue of the registered kinds when ``queues`` is not given."""
+MAX_SLOTS = 10_000
+"""Most worker slots one queue of one client may have."""
 
 _GRACEFUL = frozenset({"cyclone-waits", "cyclone-schedules", "cyclone-purge"})
 """Background tasks that stop() lets finish their pass instead of cancelling."""
@@ -119,8 +121,9 @@ class Client:
         workflows: the workflows this client runs (their nodes' kinds are registered
             too). A worker runs a workflow step only if it registers the run's workflow
             with the run's ``def_version``; see docs/workflows.md.
-        queues: queue name -> worker slots. Default: each queue of the registered kinds
-            and of the registered workflows' nodes, with 10 slots.
+        queues: queue name -> worker slots (1 to 10,000). Default: each queue of the
+            registered kinds and of the registered workflows' nodes, with 10 slots.
+            :meth:`set_queues` changes them before a start.
         lease_ttl: lease length (``timedelta`` or seconds, default 30): the time to detect a
             crashed worker. Heartbeats renew it every ``lease_ttl / 3``.
         poll_interval: seconds between polls when no wakeup comes (default 1).
@@ -145,7 +148,9 @@ class Client:
         shutdown_grace: seconds running handlers get to finish at stop (default 30).
         sweep_interval: seconds between recovery sweeps (default ``lease_ttl / 3``,
             at most 10).
-        claim_batch: most steps one claim statement takes (default 10).
+        claim_batch: most steps one claim statement takes, 1 to 1000 (default
+            ``None``: as many as the queue has free slots, at most 1000 per claim; a
+            queue with more free slots claims again at once).
         schedule_catch_up: what the schedule scanner fires for slots missed while no
             client ran: ``"latest"`` (default) fires the most recent one once,
             ``"all"`` fires each, oldest first. See docs/operations.md.
@@ -188,7 +193,7 @@ class Client:
         retention: Duration | None = timedelta(days=7),
         shutdown_grace: Duration = 30.0,
         sweep_interval: Duration | None = None,
-        claim_batch: int = 10,
+        claim_batch: int | None = None,
         schedule_catch_up: CatchUp = "latest",
         purge_interval: Duration | None = 300.0,
         pooler: str | None = None,
@@ -234,7 +239,11 @@ class Client:
         self.shutdown_grace = (
             seconds(shutdown_grace, "shutdown_grace", allow_zero=True, maximum=DAY) or 0.0
         )
-        self.claim_batch = check_int(claim_batch, "claim_batch", 1, 1000)
+        self.claim_batch = (
+            None
+            if claim_batch is None
+            else check_int(claim_batch, "claim_batch", 1, MAX_CLAIM_BATCH)
+        )
         default_sweep = min(self.lease_ttl / 3, 10.0)
         self.sweep_interval = (
             seconds(sweep_interval, "sweep_interval", maximum=HOUR) or default_sweep
@@ -247,34 +256,21 @@ class Client:
         self.purge_interval = seconds(purge_interval, "purge_interval", maximum=DAY)
         self.owner = _owner_id()
 
-        handler_list = list(self.config.handlers.values())
         if queues is None:
-            served = {h.options.queue for h in handler_list} | self.config.workflow_queues
-            queues = dict.fromkeys(sorted(served), DEFAULT_SLOTS)
-        if not isinstance(queues, Mapping):
-            raise ValidationError(f"queues must map queue names to slots, got {queues!r}")
-        self.queues = {
-            check_queue(q): check_int(n, f"slots of queue {q!r}", 1, 10_000)
-            for q, n in queues.items()
-        }
-        workers = sum(self.queues.values()) if handler_list else 0
-        self.tx_slots = (
-            check_int(tx_slots, "tx_slots", 1) if tx_slots is not None else max(1, workers)
+            served = {h.options.queue for h in self.config.handlers.values()}
+            queues = dict.fromkeys(sorted(served | self.config.workflow_queues), DEFAULT_SLOTS)
+        self._given_sizes = (
+            None if tx_slots is None else check_int(tx_slots, "tx_slots", 1),
+            None if max_connections is None else check_int(max_connections, "max_connections", 1),
         )
-        budget = self.tx_slots + ENGINE_RESERVE
-        self.max_connections = (
-            check_int(max_connections, "max_connections", 1)
-            if max_connections is not None
-            else budget
-        )
-        if self.max_connections < budget:
-            raise PoolTooSmallError(
-                f"max_connections={self.max_connections} is below "
-                f"tx_slots + {ENGINE_RESERVE} = {budget}"
-            )
-        self._pool_sizes = _split_handler_pools(
-            self.max_connections - ENGINE_RESERVE, handler_list, self.max_connections
-        )
+        self.queues: dict[str, int] = {}
+        """Queue name -> worker slots of the queues this client serves."""
+        self.tx_slots = 0
+        """Completion transactions open at once."""
+        self.max_connections = 0
+        """Connections this client may open."""
+        self._pool_sizes = (0, 0)
+        self._size(queues)
 
         self._engine_pool, self._lease_pool = self._new_pools()
         self._async_tx_pool: AsyncConnectionPool[Any] | None = None
@@ -296,6 +292,49 @@ class Client:
         self._opened = False
         self._started = False
         self._open_lock: asyncio.Lock | None = None
+
+    def _size(self, queues: Mapping[str, int]) -> None:
+        """Set the queues, and ``tx_slots`` and ``max_connections`` where not given."""
+        if not isinstance(queues, Mapping):
+            raise ValidationError(f"queues must map queue names to slots, got {queues!r}")
+        checked = {
+            check_queue(q): check_int(n, f"slots of queue {q!r}", 1, MAX_SLOTS)
+            for q, n in queues.items()
+        }
+        handler_list = list(self.config.handlers.values())
+        tx_slots, max_connections = self._given_sizes
+        if tx_slots is None:
+            tx_slots = max(1, sum(checked.values()) if handler_list else 0)
+        budget = tx_slots + ENGINE_RESERVE
+        if max_connections is None:
+            max_connections = budget
+        if max_connections < budget:
+            raise PoolTooSmallError(
+                f"max_connections={max_connections} is below tx_slots + {ENGINE_RESERVE} = {budget}"
+            )
+        pool_sizes = _split_handler_pools(
+            max_connections - ENGINE_RESERVE, handler_list, max_connections
+        )
+        self.queues, self.tx_slots, self.max_connections = checked, tx_slots, max_connections
+        self._pool_sizes = pool_sizes
+
+    def set_queues(self, queues: Mapping[str, int]) -> None:
+        """Serve exactly ``queues`` (queue name -> worker slots, 1 to 10,000) from the
+        next start on, as if given to the constructor (``cyclone worker --slots`` and
+        ``--queue`` call it).
+
+        ``tx_slots`` and ``max_connections`` follow the new total of slots unless they
+        were given to the constructor. On an error nothing changes.
+
+        Raises:
+            ValidationError: a bad queue name or number of slots.
+            PoolTooSmallError: a ``max_connections`` given to the constructor is below
+                the new ``tx_slots + 6``.
+            StateError: the client is started (stop it first).
+        """
+        if self._started:
+            raise StateError("the queues of a started client cannot change; stop it first")
+        self._size(queues)
 
     # -- lifecycle -----------------------------------------------------------------
 

@@ -74,6 +74,9 @@ class CompiledWorkflow:
     queues: frozenset[str]
     all_queues: frozenset[str]
     has_fan_out: bool = False
+    retention_us: int | None = None
+    """The run's retention in microseconds: the longest of its nodes' (``None`` when a
+    node keeps its run forever); the purge finds expired runs by it."""
     children: Mapping[str, CompiledWorkflow] = field(default_factory=dict)
     """Child node id -> the compiled workflow it starts."""
 
@@ -144,8 +147,10 @@ def compile_workflow(
         for spec in wf.nodes.values()
         if spec.child is not None
     }
+    kept = [node["retention_us"] for node in nodes]
     return CompiledWorkflow(
         children=children,
+        retention_us=None if None in kept else max(kept, default=None),
         has_fan_out=any(spec.fan_out_parallel is not None for spec in wf.nodes.values()),
         name=wf.name,
         def_version=wf.def_version,
@@ -214,6 +219,7 @@ class SubmitRequest:
             "input": encoded,
             "result_node": compiled.result_node,
             "has_fan_out": compiled.has_fan_out,
+            "run_retention_us": compiled.retention_us,
             "parent_run_id": parent[0] if parent else None,
             "parent_node_id": parent[1] if parent else None,
             "submit_key": submit_key,

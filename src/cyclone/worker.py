@@ -2,7 +2,7 @@
 
 engine-design, The Claiming Algorithm and Leases and Heartbeats. Each queue has its own
 claim loop and number of slots. A loop claims as many steps as it has free slots (up to
-``claim_batch``) in one statement, runs each handler in its own task, renews each
+``claim_limit``) in one statement, runs each handler in its own task, renews each
 held lease every TTL/3 from a timer, and records the outcome with a CAS on state, owner
 and lease generation:
 
@@ -57,25 +57,38 @@ from cyclone.transitions import (
     sequence_recheck_stmts,
 )
 
-__all__ = ["Worker", "WorkerSettings"]
+__all__ = ["MAX_CLAIM_BATCH", "Worker", "WorkerSettings"]
 
 log = logging.getLogger("cyclone.worker")
 
 MAX_FOREIGN_VERSIONS = 1000
 """Foreign def_versions a worker remembers (and its claim skips)."""
+MAX_CLAIM_BATCH = 1000
+"""Most steps one claim statement takes, whatever the free slots (and the highest
+``claim_batch`` a client accepts): a queue with more free slots claims again at once."""
+"""Foreign def_versions a worker remembers (and its claim skips)."""
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
-    """Settings of a worker (all durations in seconds)."""
+    """Settings of a worker (all durations in seconds).
+
+    ``claim_batch``: most steps one claim takes; ``None``: as many as the queue has free
+    slots (at most :data:`MAX_CLAIM_BATCH` either way).
+    """
 
     owner: str
     queues: Mapping[str, int]
     lease_ttl: float
     poll_interval: float
-    claim_batch: int
+    claim_batch: int | None
     shutdown_grace: float
     pinned_search_path: bool = False
+
+    @property
+    def claim_limit(self) -> int:
+        """The most steps one claim statement takes."""
+        return min(self.claim_batch or MAX_CLAIM_BATCH, MAX_CLAIM_BATCH)
 
 
 @dataclass(slots=True, eq=False)
@@ -147,7 +160,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
             pool,
-            batch=min(MAX_BATCH, max(10, settings.claim_batch)),
+            batch=min(MAX_BATCH, max(10, settings.claim_limit)),
             woken=self._woken,
             ended=publisher.run_done,
         )
@@ -256,7 +269,7 @@ class Worker:
                 queue.freed.clear()
                 await queue.freed.wait()
                 continue
-            limit = min(free, settings.claim_batch)
+            limit = min(free, settings.claim_limit)
             queue.wake.clear()
             try:
                 self.claims += 1

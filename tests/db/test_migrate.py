@@ -348,6 +348,17 @@ ADDITIONS: dict[int, Addition] = {
             )
         }
     ),
+    4: Addition(
+        columns={("cyclone_runs", "retention"): Col(INTERVAL, NULLABLE)},
+        indexes={
+            "idx_runs_expiry": Index(
+                RUNS, ("retention", "finished_at"), pred_has=("'completed'", "'cancelled'")
+            ),
+            "idx_schedules_last_run": Index(
+                "cyclone_schedules", ("last_run_id",), pred_has=("last_run_id IS NOT NULL",)
+            ),
+        },
+    ),
 }
 
 VERSIONS = [1, *ADDITIONS]

@@ -166,7 +166,7 @@ def test_active_child_run_lookups_read_only_active_child_runs(
     db.execute("ANALYZE cyclone_runs")
     for stmt in (
         Stmt(Q.steps_orphaned_children, {"limit": 200}),
-        Stmt(Q.runs_purge, {"older_than_us": None, "limit": 500}),
+        Stmt(Q.runs_purge, {"limit": 500}),
     ):
         with db.transaction(force_rollback=True):
             row = db.execute(

@@ -196,7 +196,7 @@ async def test_fired_run_carries_the_schedule_options_and_input(
             hours=1
         )
         row = db.execute(
-            "SELECT kind, queue, priority, max_attempts, timeout, retention, r.input "
+            "SELECT kind, queue, priority, max_attempts, timeout, s.retention, r.input "
             "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE r.id = %s",
             (after.last_run_id,),
         ).fetchone()

@@ -37,7 +37,9 @@ PASS_BATCHES = 20
 
 
 def _stmt(older_than: float | None, batch: int) -> Stmt:
-    return Stmt(Q.runs_purge, {"older_than_us": micros(older_than), "limit": batch})
+    if older_than is None:
+        return Stmt(Q.runs_purge, {"limit": batch})
+    return Stmt(Q.runs_purge_older, {"older_than_us": micros(older_than), "limit": batch})
 
 
 async def purge_async(

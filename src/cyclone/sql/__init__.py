@@ -100,6 +100,7 @@ class Queries:
     runs_get: LiteralString
     runs_list: LiteralString
     runs_purge: LiteralString
+    runs_purge_older: LiteralString
     # signals.sql
     signals_run_lock: LiteralString
     signals_waits: LiteralString

@@ -155,10 +155,11 @@ SELECT (SELECT count(*) FROM failed) AS runs_failed,
 WITH run AS (
     INSERT INTO cyclone_runs (
         workflow, def_version, input, result_node, submit_key, deadline_at, has_fan_out,
-        parent_run_id, parent_node_id)
+        parent_run_id, parent_node_id, retention)
     VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, %(result_node)s, %(submit_key)s,
             now() + %(deadline_us)s::bigint * interval '1 microsecond', %(has_fan_out)s,
-            %(parent_run_id)s, %(parent_node_id)s)
+            %(parent_run_id)s, %(parent_node_id)s,
+            %(run_retention_us)s::bigint * interval '1 microsecond')
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
     RETURNING id
 ), steps AS (
@@ -592,16 +593,92 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 -- name: runs_purge
 -- Delete one bounded batch of terminal runs past their retention; steps, deps, input
 -- bindings, signals and schedule fires go with them by cascade. A run is past its
--- retention when every one of its steps has a retention and has outlived it (a step
--- with no retention keeps its run forever), or, when older_than_us is given, when it
--- finished at least that long ago whatever its retention. A terminal child run stays
--- while its parent run is running or paused, and a terminal run stays while a run
--- below it (a child run, its child, ...) is running or paused: it links that run to the
--- tree (rows from before a parent cancelled its children on ending; the orphan scanner
--- cancels them). Those runs are found once per batch by walking up from the active
--- child runs (idx_runs_parent, then primary keys), never per candidate. Never a
--- non-terminal run: the state is rechecked under the row lock, and a run another
--- transaction holds is skipped.
+-- retention when every one of its steps has a retention and has outlived it since the
+-- run finished (a step with no retention keeps its run forever). A terminal child run
+-- stays while its parent run is running or paused, and a terminal run stays while a
+-- run below it (a child run, its child, ...) is running or paused: it links that run to
+-- the tree (rows from before a parent cancelled its children on ending; the orphan
+-- scanner cancels them). Those runs are found once per batch by walking up from the
+-- active child runs (idx_runs_active_children, then primary keys), never per
+-- candidate. Never a non-terminal run: the state is rechecked under the row lock, and
+-- a run another transaction holds is skipped.
+-- The candidates come from idx_runs_expiry, never from a scan of the runs kept: the
+-- distinct run retentions (cyclone_runs.retention, the longest of the run's steps),
+-- one index probe each, then within each retention the runs that finished at least
+-- that long ago, oldest first, each checked against its steps (whose retention an
+-- operator may have changed since). Only those runs are read, so a pass costs what it
+-- deletes, whatever the history kept. A run with no retention (a step keeps it
+-- forever, or it was written by a version before migration 4) is never a candidate.
+WITH RECURSIVE above_live (id) AS (
+    SELECT c.parent_run_id
+    FROM cyclone_runs c
+    WHERE c.parent_run_id IS NOT NULL
+      AND c.state IN ('running', 'paused')
+    UNION
+    SELECT p.parent_run_id
+    FROM above_live a
+    JOIN cyclone_runs p ON p.id = a.id
+    WHERE p.parent_run_id IS NOT NULL
+), kept (retention) AS (
+    (SELECT r.retention
+     FROM cyclone_runs r
+     WHERE r.state IN ('completed', 'failed', 'cancelled')
+       AND r.retention IS NOT NULL
+     ORDER BY r.retention
+     LIMIT 1)
+    UNION ALL
+    SELECT (SELECT r.retention
+            FROM cyclone_runs r
+            WHERE r.state IN ('completed', 'failed', 'cancelled')
+              AND r.retention > k.retention
+            ORDER BY r.retention
+            LIMIT 1)
+    FROM kept k
+    WHERE k.retention IS NOT NULL
+), due AS (
+    SELECT d.id
+    FROM kept k
+    CROSS JOIN LATERAL (
+        SELECT r.id
+        FROM cyclone_runs r
+        WHERE r.state IN ('completed', 'failed', 'cancelled')
+          AND r.retention = k.retention
+          AND r.finished_at <= now() - k.retention
+          AND NOT EXISTS (
+              SELECT 1
+              FROM cyclone_steps s
+              WHERE s.run_id = r.id
+                AND (s.retention IS NULL OR r.finished_at + s.retention > now()))
+          AND NOT EXISTS (
+              SELECT 1
+              FROM cyclone_runs p
+              WHERE p.id = r.parent_run_id
+                AND p.state IN ('running', 'paused'))
+          AND NOT EXISTS (SELECT 1 FROM above_live a WHERE a.id = r.id)
+        ORDER BY r.finished_at
+        LIMIT %(limit)s) d
+    WHERE k.retention IS NOT NULL
+), doomed AS (
+    SELECT r.id
+    FROM cyclone_runs r
+    WHERE r.id = ANY(ARRAY(SELECT id FROM due))
+      AND r.state IN ('completed', 'failed', 'cancelled')
+    ORDER BY r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM cyclone_runs r
+USING doomed
+WHERE r.id = doomed.id
+RETURNING r.id;
+
+
+-- name: runs_purge_older
+-- runs_purge for "cyclone purge --older-than": every terminal run that finished at least
+-- %(older_than_us)s ago goes, whatever its retention, with the same guards (a child run
+-- of a live parent, a run above a live run, a run another transaction holds stay).
+-- It reads the terminal runs in id order until it has a batch: an operator's command,
+-- run on demand, never on a schedule.
 WITH RECURSIVE above_live (id) AS (
     SELECT c.parent_run_id
     FROM cyclone_runs c
@@ -616,16 +693,7 @@ WITH RECURSIVE above_live (id) AS (
     SELECT r.id
     FROM cyclone_runs r
     WHERE r.state IN ('completed', 'failed', 'cancelled')
-      AND r.finished_at IS NOT NULL
-      AND CASE
-              WHEN %(older_than_us)s::bigint IS NULL THEN NOT EXISTS (
-                  SELECT 1
-                  FROM cyclone_steps s
-                  WHERE s.run_id = r.id
-                    AND (s.retention IS NULL OR r.finished_at + s.retention > now()))
-              ELSE r.finished_at
-                   <= now() - %(older_than_us)s::bigint * interval '1 microsecond'
-          END
+      AND r.finished_at <= now() - %(older_than_us)s::bigint * interval '1 microsecond'
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_runs p
