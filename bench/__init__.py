@@ -8,10 +8,17 @@ creates and drops, and writes its figures to ``bench/results/jobs-<timestamp>.js
 
 Modules:
 
-* :mod:`bench.jobs`: the command, the Cyclone measurements and the report;
+* :mod:`bench.jobs`: the command and the Cyclone measurements, with
+  :mod:`bench.jobs_report` (medians of the repeats, the table), :mod:`bench.drain` (the
+  no-op drain), :mod:`bench.retained` (retained terminal runs written before a drain),
+  :mod:`bench.wake` (Cyclone's wake probe and the raw one) and :mod:`bench.cpu` (server
+  CPU time of the backends);
 * :mod:`bench.dag`: the static-DAG benchmark, no-op workflow steps against standalone
   jobs, and the submit time of a 1,000-node DAG (``python -m bench.dag``);
-* :mod:`bench.dag_app`: its workflows and worker processes;
+* :mod:`bench.dag_app`: its workflows and worker processes; :mod:`bench.dag_report`: its
+  report;
+* :mod:`bench.compare`: Cyclone beside Procrastinate and PgQueuer (``--grid``: each at
+  its best setting);
 * :mod:`bench.bloat`: steady load while a foreign transaction holds the xmin horizon
   (``python -m bench.bloat``), with :mod:`bench.steady` (the load, the samples and the
   holder), :mod:`bench.recovery` (baseline and recovery, pure) and
@@ -23,6 +30,7 @@ Modules:
 * :mod:`bench.raw`: the pgbench runs (also ``python -m bench.raw`` on its own);
 * :mod:`bench.workers`: the worker processes (started with multiprocessing, spawn);
 * :mod:`bench.fleet`: starting them together at a barrier and stopping them;
-* :mod:`bench.db`: throwaway databases and connection strings;
+* :mod:`bench.db`: throwaway databases, connection strings and the PgBouncer of
+  ``--pooler``;
 * :mod:`bench.report`: results files, percentiles, tables and the profile summary.
 """

@@ -46,6 +46,8 @@ import cyclone
 from bench import jobs
 from bench.bloat_report import compute, print_report
 from bench.db import DEFAULT_ADMIN_DSN, log, server_settings, throwaway_database
+from bench.drain import reset_tables
+from bench.jobs_report import to_json
 from bench.monitor import LoadMonitor
 from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, RawLimit
 from bench.report import provenance, write_results
@@ -129,7 +131,7 @@ async def measure(settings: Settings) -> dict[str, Any]:
         else:
             peak, rate = None, settings.rate
             before = await bench.limits(list(CLAIM_SCRIPTS), settings.processes)
-        await jobs.reset_tables(dsn)
+        await reset_tables(dsn)
         server = await asyncio.to_thread(_vacuum_settings, dsn)
         vacuum_interval = settings.vacuum_interval
         if vacuum_interval is None:  # auto: stand in for autovacuum only when it is off
@@ -213,7 +215,7 @@ def run(settings: Settings) -> dict[str, Any]:
     try:
         print_report(settings, server, measured, figures)
     finally:  # a long run's figures are kept even if the report fails
-        write_results(settings.results_dir, "bloat", started, results, default=jobs._to_json)
+        write_results(settings.results_dir, "bloat", started, results, default=to_json)
     return results
 
 

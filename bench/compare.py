@@ -18,8 +18,14 @@ claim+complete in batches of 1 and 10). Each system runs with its usual guarante
 Cyclone and Procrastinate keep a row per job and update it on completion (Cyclone
 under a lease with heartbeats, a CAS on completion and a run row); PgQueuer deletes the
 job row and logs it. Workers: Cyclone ``--slots`` slots claiming ``--claim-batch`` at
-a time; Procrastinate ``concurrency=--slots``; PgQueuer ``batch_size=--claim-batch``.
-Figures also go to ``bench/results/compare-<time>.json``.
+a time; Procrastinate ``concurrency=--slots``; PgQueuer ``batch_size=--claim-batch`` and
+``max_concurrent_tasks=--slots`` (at least twice the batch, which PgQueuer requires).
+
+``--grid`` runs each system over slots {10, 50, 100} x claim batch {10, 50} (its own
+equivalents, distinct settings only; by default only Cyclone and PgQueuer, ``--systems``
+to choose) and reports each at its best setting per process count, with Cyclone's best
+beside PgQueuer's (target >= 1.5x) and beside the raw limit. Figures also go to
+``bench/results/compare-<time>.json``.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import multiprocessing
+import os
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from multiprocessing.synchronize import Barrier
@@ -42,7 +50,7 @@ import psycopg
 import cyclone
 from bench.db import DEFAULT_ADMIN_DSN, log, throwaway_database
 from bench.raw import measure_raw_limit
-from bench.report import write_results
+from bench.report import Row, render_table, write_results
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -56,6 +64,12 @@ class Settings:
     claim_batch: int
     processes: tuple[int, ...]
     repeats: int
+    grid: bool = False
+    systems: tuple[str, ...] = ("cyclone", "procrastinate", "pgqueuer")
+
+
+GRID_SLOTS = (10, 50, 100)
+GRID_CLAIM_BATCH = (10, 50)
 
 
 # -- Cyclone ----------------------------------------------------------------------------
@@ -159,7 +173,9 @@ class ProcrastinateSystem:
         return int(row[0]) if row else 0
 
 
-def procrastinate_worker(dsn: str, slots: int, claim_batch: int, start: Barrier, stop: Any) -> None:
+def procrastinate_worker(
+    dsn: str, slots: int, claim_batch: int | None, start: Barrier, stop: Any
+) -> None:
     import logging
 
     logging.disable(logging.INFO)
@@ -222,6 +238,7 @@ class PgQueuerSystem:
 
 
 def pgqueuer_worker(dsn: str, slots: int, claim_batch: int, start: Barrier, stop: Any) -> None:
+    """PgQueuer's drain: ``batch_size=claim_batch``, ``max_concurrent_tasks=slots``."""
     import logging
 
     logging.disable(logging.WARNING)
@@ -241,6 +258,7 @@ def pgqueuer_worker(dsn: str, slots: int, claim_batch: int, start: Barrier, stop
 
         await qm.run(
             batch_size=claim_batch,
+            max_concurrent_tasks=slots,
             mode=QueueExecutionMode.drain,
             dequeue_timeout=timedelta(seconds=1),
         )
@@ -262,18 +280,24 @@ async def timed(call: Awaitable[None]) -> float:
     return time.perf_counter() - began
 
 
-async def process(system: Any, worker: Callable[..., None], settings: Settings, n: int) -> float:
-    """jobs/s of ``n`` worker processes over ``settings.jobs`` queued no-op jobs."""
+async def process(
+    system: Any,
+    worker: Callable[..., None],
+    settings: Settings,
+    n: int,
+    *,
+    slots: int,
+    batch: int | None,
+) -> float:
+    """jobs/s of ``n`` worker processes (``slots``, claim ``batch``) over
+    ``settings.jobs`` queued no-op jobs."""
     await system.clear()
     await system.enqueue_batched(settings.jobs, settings.batch)
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Barrier(n + 1)
     stop = ctx.Event()
     procs = [
-        ctx.Process(
-            target=worker, args=(system.dsn, settings.slots, settings.claim_batch, start, stop)
-        )
-        for _ in range(n)
+        ctx.Process(target=worker, args=(system.dsn, slots, batch, start, stop)) for _ in range(n)
     ]
     for proc in procs:
         proc.start()
@@ -315,6 +339,51 @@ def _processing(n: int) -> str:
     return f"no-op jobs, {n} process{'es' if n > 1 else ''}"
 
 
+def cells(name: str, grid: Sequence[tuple[int, int]]) -> list[tuple[int, int | None]]:
+    """The distinct (slots, claim batch) settings system ``name`` runs for ``grid``.
+
+    PgQueuer's equivalents are ``max_concurrent_tasks`` and ``batch_size``, and it
+    refuses fewer tasks than twice the batch, so its slots are raised to that;
+    Procrastinate has ``concurrency`` and no claim batch (``None``).
+    """
+    found: list[tuple[int, int | None]] = []
+    for slots, batch in grid:
+        cell: tuple[int, int | None] = (slots, batch)
+        if name == "pgqueuer":
+            cell = (max(slots, 2 * batch), batch)
+        elif name == "procrastinate":
+            cell = (slots, None)
+        if cell not in found:
+            found.append(cell)
+    return found
+
+
+def cell_label(name: str, slots: int, batch: int | None) -> str:
+    """A system's setting in its own words."""
+    if name == "pgqueuer":
+        return f"max_concurrent_tasks {slots}, batch_size {batch}"
+    if name == "procrastinate":
+        return f"concurrency {slots}"
+    return f"{slots} slots x claim_batch {batch}"
+
+
+def best_cells(samples: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per system and process count: the cell with the highest median jobs/s."""
+    medians: dict[tuple[str, int, str], list[float]] = {}
+    loads: dict[tuple[str, int, str], list[float]] = {}
+    for sample in samples:
+        key = (sample["system"], sample["processes"], sample["cell"])
+        medians.setdefault(key, []).append(sample["jobs_per_s"])
+        loads.setdefault(key, []).append(sample["load_avg"])
+    best: dict[tuple[str, int], dict[str, Any]] = {}
+    for (name, n, cell), rates in medians.items():
+        rate = statistics.median(rates)
+        if rate > best.get((name, n), {}).get("jobs_per_s", -1.0):
+            load = statistics.median(loads[(name, n, cell)])
+            best[(name, n)] = {"cell": cell, "jobs_per_s": rate, "load_avg": load}
+    return best
+
+
 def run(settings: Settings) -> dict[str, Any]:
     log("raw PostgreSQL limit (pgbench, shared scripts)")
     raw = measure_raw_limit(
@@ -323,29 +392,94 @@ def run(settings: Settings) -> dict[str, Any]:
         claim_clients=settings.processes,
         seconds=3,
     )
+    grid = (
+        list(itertools.product(GRID_SLOTS, GRID_CLAIM_BATCH))
+        if settings.grid
+        else [(settings.slots, settings.claim_batch)]
+    )
     measured: dict[str, dict[str, float]] = {}
-    samples: dict[str, dict[str, list[float]]] = {name: {} for name in SYSTEMS}
+    samples: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         dsns = {
             name: stack.enter_context(throwaway_database(settings.admin_dsn, f"bench_{name}"))
-            for name in SYSTEMS
+            for name in settings.systems
         }
         for name, dsn in dsns.items():
             log(name)
             measured[name] = asyncio.run(enqueue_figures(name, dsn, settings))
-        # processing: the systems take turns, repeat after repeat, so that drift of a
-        # shared machine hits each alike; the median of the repeats is reported
+        # processing: the systems and their settings take turns, repeat after repeat, so
+        # that drift of a shared machine hits each alike; the median of the repeats is
+        # reported, at each system's best setting
         for repeat in range(settings.repeats):
             for n in settings.processes:
                 for name, dsn in dsns.items():
                     factory, worker = SYSTEMS[name]
-                    rate = asyncio.run(process(factory(dsn), worker, settings, n))
-                    samples[name].setdefault(_processing(n), []).append(rate)
-                    log(f"  repeat {repeat + 1} {name:<14} {n} process(es) {rate:>10,.0f} jobs/s")
-    for name, figures in samples.items():
-        for figure, rates in figures.items():
-            measured[name][figure] = statistics.median(rates)
-    return {"raw": [r.to_json() for r in raw], "systems": measured, "samples": samples}
+                    for slots, batch in cells(name, grid):
+                        rate = asyncio.run(
+                            process(factory(dsn), worker, settings, n, slots=slots, batch=batch)
+                        )
+                        label = cell_label(name, slots, batch)
+                        samples.append(
+                            {
+                                "system": name,
+                                "processes": n,
+                                "cell": label,
+                                "repeat": repeat,
+                                "jobs_per_s": rate,
+                                "load_avg": os.getloadavg()[0],
+                            }
+                        )
+                        log(
+                            f"  repeat {repeat + 1} {name:<14} {n} process(es), {label}: "
+                            f"{rate:>10,.0f} jobs/s"
+                        )
+    best = best_cells(samples)
+    for (name, n), cell in best.items():
+        measured[name][_processing(n)] = cell["jobs_per_s"]
+    return {
+        "raw": [r.to_json() for r in raw],
+        "systems": measured,
+        "best": [{"system": name, "processes": n, **c} for (name, n), c in best.items()],
+        "samples": samples,
+    }
+
+
+def _target_rows(settings: Settings, results: dict[str, Any]) -> list[Row]:
+    """Cyclone's best vs PgQueuer's best (target >= 1.5x) and vs the raw limit."""
+    best = {(b["system"], b["processes"]): b for b in results["best"]}
+    raw = {f"{r['script']} c={r['clients']}": r["jobs_per_s"] for r in results["raw"]}
+    rows = []
+    for n in settings.processes:
+        mine = best.get(("cyclone", n))
+        if mine is None:
+            continue
+        load = f"{mine['load_avg']:.2f}"
+        peer = best.get(("pgqueuer", n))
+        if peer is not None:
+            rows.append(
+                Row(
+                    f"no-op jobs, {n} proc, cyclone best: {mine['cell']}",
+                    mine["jobs_per_s"],
+                    "jobs/s",
+                    f"pgqueuer best: {peer['cell']}",
+                    peer["jobs_per_s"],
+                    min_ratio=1.5,
+                    load=load,
+                )
+            )
+        limit = raw.get(f"claim_complete10.sql c={n}")
+        rows.append(
+            Row(
+                f"  cyclone best, {n} proc, vs raw",
+                mine["jobs_per_s"],
+                "jobs/s",
+                f"claim_complete10.sql c={n}",
+                limit,
+                min_ratio=0.5,
+                load=load,
+            )
+        )
+    return rows
 
 
 def print_report(settings: Settings, results: dict[str, Any]) -> None:
@@ -366,30 +500,47 @@ def print_report(settings: Settings, results: dict[str, Any]) -> None:
         "cyclone/raw",
     ]
     print()
+    setting = (
+        "each system at its best cell of slots {10, 50, 100} x claim batch {10, 50}"
+        if settings.grid
+        else f"{settings.slots} slots, claim batch {settings.claim_batch}"
+    )
     print(
-        f"{settings.jobs:,} no-op jobs per figure; batch {settings.batch}; "
-        f"{settings.slots} slots, claim batch {settings.claim_batch}; each processing "
-        f"figure is the median of {settings.repeats} interleaved repeats"
+        f"{settings.jobs:,} no-op jobs per figure; batch {settings.batch}; {setting}; each "
+        f"processing figure is the median of {settings.repeats} interleaved repeats"
     )
     print(" | ".join(header))
     print(" | ".join("---" for _ in header))
     for figure, limit in limits.items():
         values = [systems[n].get(figure) for n in names]
         cy = systems["cyclone"].get(figure)
-        cells = [figure, *(f"{v:,.0f}" if v else "-" for v in values)]
-        cells += [
+        row = [figure, *(f"{v:,.0f}" if v else "-" for v in values)]
+        row += [
             f"{cy / systems[p][figure]:.2f}x" if cy and systems[p].get(figure) else "-"
             for p in peers
         ]
-        cells += [f"{limit:,.0f}" if limit else "-", f"{cy / limit:.0%}" if cy and limit else "-"]
-        print(" | ".join(cells))
+        row += [f"{limit:,.0f}" if limit else "-", f"{cy / limit:.0%}" if cy and limit else "-"]
+        print(" | ".join(row))
     print(
         "raw limits: insert1.sql (1/tx), insert100.sql (batched), claim_complete10.sql at the "
         "same client count (processing)"
     )
-    for name, figures in results.get("samples", {}).items():
-        for figure, rates in figures.items():
-            print(f"  {name} {figure}: repeats from {min(rates):,.0f} to {max(rates):,.0f} jobs/s")
+    targets = _target_rows(settings, results)
+    if targets:
+        print()
+        print(render_table(targets))
+    print()
+    for b in results["best"]:
+        print(f"  best of {b['system']}, {b['processes']} process(es): {b['cell']}")
+    spread: dict[tuple[str, int, str], list[float]] = {}
+    for sample in results["samples"]:
+        key = (sample["system"], sample["processes"], sample["cell"])
+        spread.setdefault(key, []).append(sample["jobs_per_s"])
+    for (name, n, cell), rates in spread.items():
+        print(
+            f"  {name}, {n} process(es), {cell}: median {statistics.median(rates):,.0f}, "
+            f"repeats from {min(rates):,.0f} to {max(rates):,.0f} jobs/s"
+        )
 
 
 def main() -> None:
@@ -401,7 +552,20 @@ def main() -> None:
     parser.add_argument("--claim-batch", type=int, default=50)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=3, help="processing repeats (median)")
+    parser.add_argument(
+        "--grid", action="store_true", help="each system at its best of slots x claim batch"
+    )
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEMS),
+        default=None,
+        help="systems to run (default: all; with --grid: cyclone and pgqueuer)",
+    )
     args = parser.parse_args()
+    systems = args.systems or (["cyclone", "pgqueuer"] if args.grid else list(SYSTEMS))
+    if "cyclone" not in systems:
+        parser.error("--systems must include cyclone (every ratio is Cyclone's)")
     settings = Settings(
         admin_dsn=args.dsn,
         jobs=args.jobs,
@@ -410,6 +574,8 @@ def main() -> None:
         claim_batch=args.claim_batch,
         processes=tuple(args.processes),
         repeats=args.repeats,
+        grid=args.grid,
+        systems=tuple(dict.fromkeys(systems)),
     )
     started = datetime.now(UTC)
     results = run(settings)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -56,12 +55,17 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import cyclone
+from bench.cpu import BackendCpu
 from bench.dag_app import NOOP_STEP, WORKFLOWS, chain, dag_worker, wide
+from bench.dag_report import print_report
 from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
+from bench.drain import reset_tables
 from bench.fleet import started_together
-from bench.jobs import RESULTS_DIR, reset_tables
+from bench.jobs import RESULTS_DIR
+from bench.jobs_report import to_json
 from bench.monitor import LoadMonitor, busy_cores, machine_cpu
-from bench.report import provenance, text_table, write_results
+from bench.raw import DEFAULT_SCRIPTS, RawLimit
+from bench.report import provenance, write_results
 
 __all__ = ["Settings", "Workload", "main", "measure", "run"]
 
@@ -88,6 +92,9 @@ class Settings:
     submit_repeats: int
     phases: tuple[str, ...]
     results_dir: Path
+    scripts: Path = DEFAULT_SCRIPTS
+    pgbench_seconds: int = 3
+    """Length of each raw-limit run; 0: no raw limit."""
 
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON object (paths as strings, no DSN secrets)."""
@@ -187,24 +194,31 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
         "claim_batch": settings.claim_batch,
         "poll_interval": settings.poll_interval,
     }
-    async with started_together(dag_worker, [(dsn,)] * processes, options) as fleet:
-        began = time.perf_counter()
-        cpu_before = machine_cpu()
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            while True:
-                completed, failed = await _fetch(conn, _PROGRESS)
-                if completed + failed >= runs:
-                    break
-                if not fleet.alive():
-                    raise RuntimeError("a worker process died; see its output above")
-                if time.perf_counter() - began > settings.worker_timeout:
-                    raise TimeoutError(
-                        f"{completed} of {runs} runs completed in {settings.worker_timeout} s"
-                    )
-                await asyncio.sleep(settings.count_interval)
-            elapsed = time.perf_counter() - began
-            cores = busy_cores(cpu_before, machine_cpu())
-            done, steps, span = await _fetch(conn, _STEPS)
+    server: BackendCpu | None = None
+    try:
+        async with started_together(dag_worker, [(dsn,)] * processes, options) as fleet:
+            server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
+            began = time.perf_counter()
+            cpu_before = machine_cpu()
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                while True:
+                    completed, failed = await _fetch(conn, _PROGRESS)
+                    if completed + failed >= runs:
+                        break
+                    if not fleet.alive():
+                        raise RuntimeError("a worker process died; see its output above")
+                    if time.perf_counter() - began > settings.worker_timeout:
+                        raise TimeoutError(
+                            f"{completed} of {runs} runs completed in {settings.worker_timeout} s"
+                        )
+                    await asyncio.sleep(settings.count_interval)
+                elapsed = time.perf_counter() - began
+                cores = busy_cores(cpu_before, machine_cpu())
+                server_cpu = await asyncio.to_thread(server.stop)  # before the workers stop
+                done, steps, span = await _fetch(conn, _STEPS)
+    finally:
+        if server is not None:
+            server.stop()
     if failed or done != steps:
         raise RuntimeError(f"{failed} runs failed, {steps - done} of {steps} steps not completed")
     span = float(span) if span else elapsed
@@ -219,15 +233,28 @@ async def drain(settings: Settings, dsn: str, processes: int, runs: int) -> dict
         "db_span_steps_per_s": steps / span,
         "worker_cpu_s": worker_cpu,
         "worker_cpu_us_per_step": 1e6 * sum(worker_cpu) / steps,
+        "server_cpu": server_cpu.to_json(),
+        "server_cpu_us_per_step": server_cpu.us_per(steps),
         "machine_busy_cores": cores,
     }
 
 
 async def pair(
-    settings: Settings, dsn: str, monitor: LoadMonitor, workload: Workload, processes: int
+    settings: Settings,
+    dsn: str,
+    monitor: LoadMonitor,
+    workload: Workload,
+    processes: int,
+    *,
+    raw: RawLimit | None = None,
 ) -> dict[str, Any]:
-    """The baseline jobs, then the DAG runs, of one workload with ``processes`` workers."""
+    """The raw limit (``claim_complete10.sql``, one client per process), the baseline
+    jobs, then the DAG runs, of one workload with ``processes`` workers."""
     with monitor.window() as foreign:
+        limit = None
+        if raw is not None:
+            limit = await asyncio.to_thread(raw.measure, "claim_complete10.sql", processes)
+            log(f"  raw {limit.label:<24} {limit.jobs_per_s:>8,.0f} jobs/s")
         fill = await fill_jobs(dsn, workload.steps)
         jobs = await drain(settings, dsn, processes, workload.steps)
         jobs["enqueue_s"] = fill
@@ -248,6 +275,7 @@ async def pair(
         "dag": dag,
         "overhead_us_per_step": overhead,
         "cpu_overhead_us_per_step": cpu_overhead,
+        "raw": limit,
         "foreign": foreign,
     }
 
@@ -256,7 +284,8 @@ def _progress(what: str, result: dict[str, Any]) -> str:
     return (
         f"  {what:<28} {result['processes']} process(es) {result['db_span_steps_per_s']:>8,.0f}"
         f" steps/s (span {result['db_span_s']:.2f} s, worker CPU "
-        f"{result['worker_cpu_us_per_step']:.0f} us/step)"
+        f"{result['worker_cpu_us_per_step']:.0f} us/step, server CPU "
+        f"{result['server_cpu_us_per_step'] or 0:.0f} us/step)"
     )
 
 
@@ -318,96 +347,23 @@ async def measure(settings: Settings) -> dict[str, Any]:
         dsn = stack.enter_context(throwaway_database(settings.admin_dsn, "bench_dag"))
         await asyncio.to_thread(cyclone.migrate, dsn)
         own = {str(conninfo_to_dict(dsn)["dbname"])}
+        raw: RawLimit | None = None
+        if settings.pgbench_seconds and workloads(settings):
+            raw_dsn = stack.enter_context(throwaway_database(settings.admin_dsn, "bench_raw"))
+            own.add(str(conninfo_to_dict(raw_dsn)["dbname"]))
+            raw = RawLimit(raw_dsn, settings.scripts, seconds=settings.pgbench_seconds)
+            await asyncio.to_thread(raw.create_schema)
         monitor = stack.enter_context(LoadMonitor(settings.admin_dsn, own))
         for workload in workloads(settings):
             for processes in settings.processes:
-                measured["pairs"].append(await pair(settings, dsn, monitor, workload, processes))
+                measured["pairs"].append(
+                    await pair(settings, dsn, monitor, workload, processes, raw=raw)
+                )
         if "submit" in settings.phases:
             measured["submit"] = await submit_times(settings, dsn)
         if monitor.error:
             log(f"  (the load monitor stopped: {monitor.error})")
     return measured
-
-
-def print_report(settings: Settings, server: dict[str, Any], measured: dict[str, Any]) -> None:
-    """The tables and the details below them, on stdout."""
-    print()
-    print(
-        f"Cyclone {cyclone.__version__} static DAGs vs standalone jobs, PostgreSQL "
-        f"{server.get('server_version')} on {os.cpu_count()} cores "
-        f"(synchronous_commit={server.get('synchronous_commit')}, fsync={server.get('fsync')}); "
-        f"no-op steps, claim_batch {settings.claim_batch or 'free slots'}, "
-        f"{settings.slots} slots/process"
-    )
-    pairs = measured["pairs"]
-    if pairs:
-        lines: list[tuple[str, ...]] = [
-            (
-                "workload",
-                "procs",
-                "steps",
-                "DAG steps/s",
-                "jobs steps/s",
-                "DAG/jobs",
-                "overhead",
-                "CPU DAG",
-                "CPU jobs",
-                "busy",
-            )
-        ]
-        for p in pairs:
-            dag, jobs = p["dag"], p["jobs"]
-            share = p["foreign"].get("busy_share")
-            lines.append(
-                (
-                    p["label"],
-                    str(p["processes"]),
-                    f"{dag['steps']:,}",
-                    f"{dag['db_span_steps_per_s']:,.0f}",
-                    f"{jobs['db_span_steps_per_s']:,.0f}",
-                    f"{dag['db_span_steps_per_s'] / jobs['db_span_steps_per_s']:.0%}",
-                    f"{p['overhead_us_per_step']:+,.0f} us/step",
-                    f"{dag['worker_cpu_us_per_step']:,.0f} us",
-                    f"{jobs['worker_cpu_us_per_step']:,.0f} us",
-                    "" if share is None else f"{share:.0%}",
-                )
-            )
-        print()
-        print(text_table(lines, right=range(1, 10)))
-        print()
-        print(
-            "steps/s over the database span (first started_at to last completed_at); jobs = "
-            "the same number of standalone\nno-op jobs of the same kind, drained right before "
-            "by the same workers. overhead = 1/DAG - 1/jobs steps/s.\nCPU = worker-process CPU "
-            "per step (user + system). busy = share of 0.5 s samples, during the pair, in\n"
-            "which another database on the server had an active query."
-        )
-        print()
-        for p in pairs:
-            for what, r in (("jobs", p["jobs"]), ("DAG ", p["dag"])):
-                cores = r["machine_busy_cores"]
-                filled = r.get("submit_s", r.get("enqueue_s", 0.0))
-                print(
-                    f"{p['label']}, {p['processes']} proc, {what}: backlog written in "
-                    f"{filled:.2f} s; {r['elapsed_s']:.2f} s from barrier to last completion "
-                    f"seen ({r['steps_per_s']:,.0f} steps/s), span {r['db_span_s']:.2f} s; "
-                    f"machine busy {'?' if cores is None else f'{cores:.2f}'} cores"
-                )
-    submit = measured.get("submit")
-    if submit:
-        print()
-        print(
-            f"submit of one {_SUBMIT_NODES:,}-node DAG, no worker running "
-            f"(first = a client's first submit, which compiles the workflow; then "
-            f"{settings.submit_repeats} more):"
-        )
-        for name, s in submit.items():
-            shape = "chain" if name == "chain" else f"wide 1-{s['nodes'] - 2}-1"
-            print(
-                f"  {shape:<12} {s['nodes']:,} nodes, {s['edges']:,} edges: first "
-                f"{s['first_ms']:.1f} ms; median {s['median_ms']:.1f} ms "
-                f"(min {s['min_ms']:.1f}, max {s['max_ms']:.1f})"
-            )
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -421,7 +377,7 @@ def run(settings: Settings) -> dict[str, Any]:
         **provenance(started, server, settings.to_json()),
         "measured": measured,
     }
-    write_results(settings.results_dir, "dag", started, results)
+    write_results(settings.results_dir, "dag", started, results, default=to_json)
     return results
 
 
@@ -443,6 +399,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=120.0, help="give up on a drain after (s)")
     add("--submit-repeats", type=int, default=10, help="timed submits of each 1,000-node DAG")
+    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="the shared pgbench scripts")
+    add("--pgbench-seconds", type=int, default=3, help="raw-limit run length (0: none)")
     add("--phases", nargs="+", choices=PHASES, default=list(PHASES), help="what to measure")
     add("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
     args = parser.parse_args(argv)
@@ -461,6 +419,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         submit_repeats=args.submit_repeats,
         phases=tuple(args.phases),
         results_dir=args.results_dir,
+        scripts=args.raw_scripts,
+        pgbench_seconds=args.pgbench_seconds,
     )
 
 

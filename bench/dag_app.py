@@ -30,7 +30,7 @@ from multiprocessing.synchronize import Barrier, Event
 from typing import Any
 
 import cyclone
-from bench.workers import QUEUE, _serve, cpu_seconds
+from bench.workers import _serve, client_options, cpu_seconds
 
 __all__ = [
     "CHAIN",
@@ -79,16 +79,16 @@ WORKFLOWS = {"chain": CHAIN, "wide": WIDE}
 
 
 def worker_client(
-    dsn: str, *, slots: int, claim_batch: int | None, poll_interval: float
+    dsn: str, *, slots: int | None, claim_batch: int | None, poll_interval: float
 ) -> cyclone.Client:
-    """A worker client for :data:`WORKFLOWS` and standalone :data:`noop` jobs."""
+    """A worker client for :data:`WORKFLOWS` and standalone :data:`noop` jobs
+    (``slots``, ``claim_batch``: ``None`` for the client's default)."""
     return cyclone.Client(
         dsn,
         handlers=[noop],
         workflows=WORKFLOWS.values(),
-        queues={QUEUE: slots},
-        claim_batch=claim_batch,
         poll_interval=poll_interval,
+        **client_options(slots=slots, claim_batch=claim_batch),
     )
 
 
@@ -109,7 +109,7 @@ def client() -> cyclone.Client:
 def dag_worker(
     dsn: str,
     *,
-    slots: int,
+    slots: int | None,
     claim_batch: int | None,
     poll_interval: float,
     start: Barrier,

@@ -11,7 +11,7 @@ import contextlib
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -24,6 +24,7 @@ __all__ = [
     "log",
     "server_settings",
     "throwaway_database",
+    "transaction_pooler",
     "with_dbname",
 ]
 
@@ -54,6 +55,28 @@ def throwaway_database(admin_dsn: str, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+
+@contextlib.contextmanager
+def transaction_pooler(admin_dsn: str, *, pool_size: int) -> Iterator[Callable[[str], str]]:
+    """A PgBouncer in transaction mode in front of the server of ``admin_dsn``, started
+    here and stopped on the way out (the tests' :class:`tests.pgbouncer.PgBouncer`,
+    ``default_pool_size = pool_size``); yields the function that turns a direct DSN into
+    the DSN of the same database through it.
+
+    Raises:
+        RuntimeError: PgBouncer is not installed, or did not start.
+    """
+    from tests.pgbouncer import PgBouncer, available
+
+    if not available():
+        raise RuntimeError("pgbouncer is not installed (or runuser is missing, as root)")
+    bouncer = PgBouncer(admin_dsn, pool_size=pool_size, mode="transaction")
+    bouncer.start()
+    try:
+        yield lambda dsn: bouncer.dsn(str(conninfo_to_dict(dsn)["dbname"]))
+    finally:
+        bouncer.stop()
 
 
 def execute(dsn: str, *statements: str) -> None:

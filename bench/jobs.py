@@ -6,44 +6,47 @@
    throwaway database: single-row INSERT (``insert1.sql``) with 1 and ``--producers``
    clients, 100-row INSERT (``insert100.sql``) with 1 client, and claim+complete in
    batches of 1 and of 10 (``claim_complete1.sql``, ``claim_complete10.sql``) with as
-   many clients as there are worker processes in each Cyclone run, refilled before each.
-   jobs/s = TPS x jobs per transaction. Each raw figure is measured right before the
-   Cyclone figure it is compared with, so that drift of a shared machine (flush latency,
-   other sessions) hits both alike, and a monitor (:mod:`bench.monitor`) records how
-   much foreign database activity each pair ran beside (the ``busy`` column).
-2. **Cyclone**, in its own throwaway database (``cyclone.migrate``; dropped at the end):
+   many clients as there are worker processes in each Cyclone run, refilled before each,
+   with the server CPU time of pgbench's backends. jobs/s = TPS x jobs per transaction.
+   Each raw figure is measured right before the Cyclone figure it is compared with, so
+   that drift of a shared machine hits both alike, and a monitor (:mod:`bench.monitor`)
+   records the foreign database activity (``busy``) and the load average (``load``)
+   each pair ran beside. The raw wake probe (:mod:`bench.wake`) runs beside Cyclone's
+   wake latency.
+2. **Cyclone**, ``--repeats`` times each, the repeats interleaved (figure A, figure B,
+   figure A, figure B, ...), each figure reported as the median of its repeats:
 
    a. enqueue/s, one run per transaction (``Client.enqueue``, which also sends the
       wakeup NOTIFY after commit): one producer, then ``--producers`` concurrent producer
       tasks sharing one client, each into emptied, checkpointed tables for
       ``--enqueue-seconds`` after a short warm-up;
    b. enqueue/s batched: ``Client.enqueue_many`` of ``--batch`` inputs, one producer;
-   c. no-op jobs/s: ``--jobs`` runs are enqueued with ``enqueue_many`` into emptied
-      tables, which are then vacuumed, analyzed and checkpointed (as ``refill.sql``
-      does for the raw table),
-      then 1, 2, ... worker *processes* (``--processes``; ``--slots`` slots and
-      ``--claim-batch`` each) start together at a barrier; the time runs from that
-      barrier until ``SELECT count(*) FROM cyclone_runs WHERE state='completed'``,
-      polled every ``--count-interval`` s, reaches ``--jobs``. The span on the
-      database's clock (first ``started_at`` to last ``completed_at``) is recorded too;
-   d. enqueue-to-start latency with one idle, LISTENING worker process: ``--latency-jobs``
-      probe runs (after ``--latency-warmup``), one at a time; each is enqueued, its
-      handler's start awaited, then the run's completion (``Client.wait``), so the
-      worker is idle again before the next. Two measures: ``started_at - created_at``
-      of the step (both the database's now(): the enqueue transaction's start and the
-      claim's), and from ``enqueue()`` returning in this process to the handler
-      starting in the worker (CLOCK_MONOTONIC, sent back through a pipe).
-3. **The report**: each Cyclone figure beside its raw limit, the ratio Cyclone / raw and
-   its target (no-op jobs/s >= 50% of claim+complete in batches of 10 at the same
-   client count; one-per-transaction enqueue >= 70% of single-row INSERT at the same
-   client count; wake latency p50 < 1 ms, p99 < 5 ms, shown beside the mean latency of
-   one single-row INSERT commit), on stdout, and as JSON in
-   ``bench/results/jobs-<timestamp>.json``. Progress goes to stderr.
+   c. no-op jobs/s (:mod:`bench.drain`): for each count of ``--retained`` runs and each
+      count of worker *processes* (``--processes``; ``--slots`` slots and
+      ``--claim-batch`` each), in a fresh throwaway database: that many retained
+      terminal runs (:mod:`bench.retained`; ``--stale-stats``), then ``--jobs`` available
+      runs, then the workers start together at a barrier and the time runs until every
+      one of the ``--jobs`` runs is completed. Worker CPU (getrusage) and server CPU
+      (their backends, :mod:`bench.cpu`) per job are recorded too;
+   d. ``--grid``: the no-op drain for every cell of slots {10, 50, 100} x claim_batch
+      {10, 50}, and once with the client's defaults (neither given), at each process
+      count;
+   e. enqueue-to-start latency with one idle, LISTENING worker process:
+      ``--latency-jobs`` probe runs (after ``--latency-warmup``) per repeat, one at a
+      time; each is enqueued, its handler's start awaited, then the run's completion
+      (``Client.wait``), so the worker is idle again before the next. Two measures:
+      ``started_at - created_at`` of the step (the database's clock), and from
+      ``enqueue()`` returning in this process to the handler starting in the worker
+      (CLOCK_MONOTONIC, sent back through a pipe), beside the raw probe's.
 
-The no-op runs also record each worker process's CPU time per job and how many cores
-the whole machine kept busy. ``--py-spy DIR`` samples every worker process of those
-runs with py-spy while it holds the GIL (its Python CPU time; this slows it a little)
-and prints where that time goes; ``--phases`` runs a subset.
+   With ``--pooler``, a, b, c and e run again through a PgBouncer in transaction mode
+   (clients built with ``pooler="transaction"``), labelled ``pooler``.
+3. **The report** (:mod:`bench.jobs_report`): each figure beside its reference, the
+   ratio and the target, on stdout, and as JSON in ``bench/results/jobs-<timestamp>.json``.
+   Progress goes to stderr.
+
+``--py-spy DIR`` samples every worker process of the drains with py-spy while it holds
+the GIL and prints where that time goes; ``--phases`` runs a subset.
 """
 
 from __future__ import annotations
@@ -51,50 +54,59 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
-import os
-import subprocess
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 import cyclone
-from bench.db import DEFAULT_ADMIN_DSN, execute, log, server_settings, throwaway_database
-from bench.fleet import START_TIMEOUT, STOP_TIMEOUT, Fleet, join_all, started_together
-from bench.monitor import LoadMonitor, busy_cores, machine_cpu
-from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
-from bench.report import (
-    Row,
-    latency_summary,
-    profile_summary,
-    provenance,
-    render_table,
-    write_results,
+from bench.db import (
+    DEFAULT_ADMIN_DSN,
+    log,
+    server_settings,
+    throwaway_database,
+    transaction_pooler,
 )
-from bench.workers import NOOP_KIND, PROBE_KIND, monotonic_ns, probe_worker, throughput_worker
+from bench.drain import (
+    DrainOptions,
+    WorkerConfig,
+    db_span,
+    fill_backlog,
+    noop_drain,
+    reset_tables,
+    wait_completed,
+)
+from bench.jobs_report import build_rows, print_report, to_json
+from bench.monitor import LoadMonitor
+from bench.raw import CLAIM_SCRIPTS, DEFAULT_SCRIPTS, PgbenchResult, RawLimit
+from bench.report import provenance, write_results
+from bench.retained import fill_retained
+from bench.wake import cyclone_wake, raw_wake
+from bench.workers import NOOP_KIND, QUEUE, noop
 
 __all__ = [
+    "DIRECT",
+    "GRID",
     "Bench",
     "DrainOptions",
     "Settings",
+    "Via",
     "db_span",
     "fill_backlog",
     "main",
     "measure",
+    "reset_tables",
     "run",
     "wait_completed",
 ]
 
 PHASES = ("raw", "enqueue", "workers", "latency")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-_BACKLOG_CHUNK = 1_000  # runs per enqueue_many call when filling the backlog
+GRID = tuple((slots, batch) for slots in (10, 50, 100) for batch in (10, 50))
+"""The cells of ``--grid``: (slots, claim_batch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +131,13 @@ class Settings:
     phases: tuple[str, ...]
     py_spy: Path | None
     results_dir: Path
+    retained: tuple[int, ...] = (0,)
+    stale_stats: bool = False
+    repeats: int = 1
+    grid: bool = False
+    pooler: bool = False
+    pooler_pool_size: int = 20
+    pooler_latency_jobs: int = 30
 
     def to_json(self) -> dict[str, Any]:
         """The settings as a JSON object (paths as strings, no DSN secrets)."""
@@ -126,20 +145,22 @@ class Settings:
         return {k: str(v) if isinstance(v, Path) else v for k, v in data.items()}
 
 
-# -- helpers ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Via:
+    """How Cyclone's clients reach a database: directly, or through a pooler."""
+
+    name: str
+    to_client: Callable[[str], str]
+    """A direct DSN to the DSN the clients use."""
+    pooler: str | None = None
+    """The clients' ``pooler=``."""
 
 
-async def reset_tables(dsn: str) -> None:
-    """Empty Cyclone's tables and CHECKPOINT.
+DIRECT = Via("direct", lambda dsn: dsn)
 
-    No ANALYZE of the empty tables: statistics that say "no rows" make every backend
-    plan its foreign-key checks from ``cyclone_steps`` to ``cyclone_runs`` as sequential
-    scans, which the growing table then makes slower with each insert until autovacuum
-    analyzes it again (enqueue_many measured 7x slower that way).
-    """
-    await asyncio.to_thread(
-        execute, dsn, "TRUNCATE cyclone_runs RESTART IDENTITY CASCADE", "CHECKPOINT"
-    )
+
+def _dbname(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn)["dbname"])
 
 
 async def sustained_rate(call: Callable[[], Awaitable[int]], tasks: int, seconds: float) -> float:
@@ -159,98 +180,8 @@ async def sustained_rate(call: Callable[[], Awaitable[int]], tasks: int, seconds
     return done / (loop.time() - began)
 
 
-async def fill_backlog(dsn: str, jobs: int) -> None:
-    """A clean backlog of ``jobs`` available no-op runs, vacuumed and checkpointed."""
-    await reset_tables(dsn)
-    async with cyclone.Client(dsn) as client:
-        for first in range(0, jobs, _BACKLOG_CHUNK):
-            await client.enqueue_many(NOOP_KIND, [{}] * min(_BACKLOG_CHUNK, jobs - first))
-    await asyncio.to_thread(
-        execute, dsn, "VACUUM ANALYZE cyclone_runs, cyclone_steps", "CHECKPOINT"
-    )
-
-
-async def _count_completed(conn: psycopg.AsyncConnection[Any]) -> int:
-    cur = await conn.execute("SELECT count(*) FROM cyclone_runs WHERE state = 'completed'")
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-class DrainOptions(Protocol):
-    """How a drain is watched: the settings of each no-op benchmark have these."""
-
-    @property
-    def jobs(self) -> int:
-        """Runs the drain works off."""
-
-    @property
-    def worker_timeout(self) -> float:
-        """Seconds from the barrier after which the drain is given up."""
-
-    @property
-    def count_interval(self) -> float:
-        """Seconds between two counts of the completed runs."""
-
-
-async def wait_completed(
-    conn: psycopg.AsyncConnection[Any], options: DrainOptions, fleet: Fleet, began: float
-) -> None:
-    """Count the completed runs every ``count_interval`` s until there are ``jobs``.
-
-    Raises:
-        RuntimeError: a process of ``fleet`` died first.
-        TimeoutError: not done ``worker_timeout`` s after ``began``
-            (``time.perf_counter()``).
-    """
-    jobs, timeout = options.jobs, options.worker_timeout
-    while (completed := await _count_completed(conn)) < jobs:
-        if not fleet.alive():
-            raise RuntimeError("a worker process died; see its output above")
-        if time.perf_counter() - began > timeout:
-            raise TimeoutError(f"{completed} of {jobs} runs completed in {timeout} s")
-        await asyncio.sleep(options.count_interval)
-
-
-async def db_span(conn: psycopg.AsyncConnection[Any]) -> float | None:
-    """Seconds from the first ``started_at`` to the last ``completed_at`` of every
-    step, on the database's clock (``None`` when no step finished)."""
-    cur = await conn.execute(
-        "SELECT extract(epoch FROM max(completed_at) - min(started_at))::float8 FROM cyclone_steps"
-    )
-    row = await cur.fetchone()
-    return float(row[0]) if row and row[0] else None
-
-
-def _start_py_spy(pid: int, output: Path) -> subprocess.Popen[bytes]:
-    command = [
-        "py-spy",
-        "record",
-        "--pid",
-        str(pid),
-        "--rate",
-        "250",
-        "--gil",
-        "--format",
-        "raw",
-        "--output",
-        str(output),
-    ]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _receive(conn: Connection, timeout: float) -> tuple[str, int, int]:
-    if not conn.poll(timeout):
-        raise TimeoutError(f"no report from the probe worker within {timeout} s")
-    kind, run_id, stamp = conn.recv()
-    return str(kind), int(run_id), int(stamp)
-
-
-# -- the measurements ------------------------------------------------------------------
-
-
 class Bench:
-    """One run: the Cyclone database, the raw-limit database, and the figures so far.
+    """One run: the Cyclone database, the raw-limit databases, and the figures so far.
 
     Each raw figure is measured right before the Cyclone figure it is compared with, so
     that drift of a shared machine (flush latency, other sessions) hits both alike; the
@@ -258,13 +189,33 @@ class Bench:
     """
 
     def __init__(
-        self, settings: Settings, dsn: str, raw: RawLimit | None, monitor: LoadMonitor
+        self,
+        settings: Settings,
+        dsn: str,
+        raw: RawLimit | None,
+        monitor: LoadMonitor,
+        *,
+        wake_dsn: str | None = None,
     ) -> None:
         self.settings = settings
         self.dsn = dsn
         self.raw = raw
         self.monitor = monitor
+        self.wake_dsn = wake_dsn
         self.raw_results: list[PgbenchResult] = []
+
+    def config(
+        self, via: Via = DIRECT, *, slots: int | None = -1, claim_batch: int | None = -1
+    ) -> WorkerConfig:
+        """The workers' client settings: ``--slots`` and ``--claim-batch`` unless given
+        (``None``: the client's default)."""
+        s = self.settings
+        return WorkerConfig(
+            slots=s.slots if slots == -1 else slots,
+            claim_batch=s.claim_batch if claim_batch == -1 else claim_batch,
+            poll_interval=s.poll_interval,
+            pooler=via.pooler,
+        )
 
     async def limits(self, scripts: Sequence[str], clients: int) -> dict[str, PgbenchResult]:
         """The raw figures of ``scripts`` with ``clients`` (none when raw is skipped)."""
@@ -275,18 +226,23 @@ class Bench:
             result = await asyncio.to_thread(self.raw.measure, script, clients)
             self.raw_results.append(result)
             found[script] = result
-            log(f"  raw     {result.label:<26} {result.jobs_per_s:>10,.0f} jobs/s")
+            cpu = result.server_cpu_us_per_job
+            log(
+                f"  raw     {result.label:<26} {result.jobs_per_s:>10,.0f} jobs/s"
+                + ("" if cpu is None else f"  server CPU {cpu:.0f} us/job")
+            )
         return found
 
     # -- a, b: enqueue -------------------------------------------------------------
 
-    async def enqueue(self) -> dict[str, Any]:
-        """Enqueue/s one per transaction (1 and N producers) and with ``enqueue_many``."""
+    async def enqueue(self, via: Via = DIRECT) -> list[dict[str, Any]]:
+        """Enqueue/s one per transaction (1 and N producers) and with ``enqueue_many``;
+        one sample per figure and repeat."""
         settings = self.settings
         inputs: list[dict[str, Any]] = [{}] * settings.batch
         warmup = min(0.5, settings.enqueue_seconds / 4)
-        results: dict[str, Any] = {}
-        async with cyclone.Client(self.dsn) as client:
+        samples: list[dict[str, Any]] = []
+        async with cyclone.Client(via.to_client(self.dsn), pooler=via.pooler) as client:
 
             async def one() -> int:
                 await client.enqueue(NOOP_KIND, {})
@@ -296,339 +252,234 @@ class Bench:
                 await client.enqueue_many(NOOP_KIND, inputs)
                 return len(inputs)
 
-            plan: list[tuple[str, Callable[[], Awaitable[int]], int, str | None]] = [
+            plan: list[tuple[str, Callable[[], Awaitable[int]], int, str]] = [
                 ("enqueue_1_producer", one, 1, "insert1.sql"),
-                (
-                    f"enqueue_{settings.producers}_producers",
-                    one,
-                    settings.producers,
-                    "insert1.sql",
-                ),
-                (
-                    f"enqueue_many_{settings.batch}",
-                    many,
-                    1,
-                    "insert100.sql" if settings.batch == 100 else None,
-                ),
+                (f"enqueue_{settings.producers}_producers", one, settings.producers, "insert1.sql"),
+                (f"enqueue_many_{settings.batch}", many, 1, "insert100.sql"),
             ]
-            for name, call, tasks, script in plan:
-                with self.monitor.window() as foreign:
-                    paired = await self.limits([script] if script else [], tasks)
-                    await reset_tables(self.dsn)
-                    await sustained_rate(call, tasks, warmup)
-                    rate = await sustained_rate(call, tasks, settings.enqueue_seconds)
-                results[name] = {
-                    "producers": tasks,
-                    "jobs_per_s": rate,
-                    "raw": paired,
-                    "foreign": foreign,
-                }
-                log(f"  cyclone {name:<26} {rate:>10,.0f} jobs/s")
-        return results
+            for repeat in range(settings.repeats):
+                for name, call, tasks, script in plan:
+                    with self.monitor.window() as foreign:
+                        paired = await self.limits([script], tasks)
+                        await reset_tables(self.dsn)
+                        await sustained_rate(call, tasks, warmup)
+                        rate = await sustained_rate(call, tasks, settings.enqueue_seconds)
+                    samples.append(
+                        {
+                            "name": name,
+                            "repeat": repeat,
+                            "producers": tasks,
+                            "batch": len(inputs) if call is many else 1,
+                            "jobs_per_s": rate,
+                            "raw": paired,
+                            "foreign": foreign,
+                        }
+                    )
+                    log(f"  cyclone {via.name} {name:<26} {rate:>10,.0f} jobs/s")
+        return samples
 
-    # -- c: no-op throughput -------------------------------------------------------
+    # -- c, d: no-op drains --------------------------------------------------------
 
     async def throughput(self, processes: int) -> dict[str, Any]:
-        """No-op jobs/s of ``processes`` worker processes draining the backlog."""
+        """One no-op drain of ``--jobs`` runs in this run's database (``bench.bloat``'s
+        peak), with the raw claim figures measured right before."""
+        settings = self.settings
         with self.monitor.window() as foreign:
             paired = await self.limits(list(CLAIM_SCRIPTS), processes)
-            await fill_backlog(self.dsn, self.settings.jobs)
-            result = await self._drain(processes)
+            await fill_backlog(self.dsn, settings.jobs)
+            result = await noop_drain(
+                self.dsn,
+                processes=processes,
+                jobs=settings.jobs,
+                config=self.config(),
+                count_interval=settings.count_interval,
+                worker_timeout=settings.worker_timeout,
+                py_spy=settings.py_spy,
+            )
         result["raw"] = paired
         result["foreign"] = foreign
+        log(f"  cyclone no-op, {processes} process(es)     {result['jobs_per_s']:>10,.0f} jobs/s")
+        return result
+
+    async def drain_fresh(
+        self, processes: int, config: WorkerConfig, *, retained: int, via: Via = DIRECT
+    ) -> dict[str, Any]:
+        """A no-op drain in a fresh database holding ``retained`` terminal runs."""
+        settings = self.settings
+        with throwaway_database(settings.admin_dsn, "bench_drain") as dsn:
+            self.monitor.own(_dbname(dsn))
+            await asyncio.to_thread(cyclone.migrate, dsn)
+            history = await fill_retained(dsn, retained, stale_stats=settings.stale_stats)
+            backlog_s = await fill_backlog(
+                dsn, settings.jobs, reset=False, settle=not settings.stale_stats
+            )
+            result = await noop_drain(
+                dsn,
+                processes=processes,
+                jobs=settings.jobs,
+                config=config,
+                worker_dsn=via.to_client(dsn),
+                count_interval=settings.count_interval,
+                worker_timeout=settings.worker_timeout,
+                py_spy=settings.py_spy,
+            )
+        result["retained"] = history
+        result["backlog_s"] = backlog_s
+        cpu = result["server_cpu_us_per_job"]
         log(
-            f"  cyclone no-op, {processes} process(es)     {result['jobs_per_s']:>10,.0f} jobs/s"
-            f" ({result['elapsed_s']:.2f} s, worker CPU "
-            f"{result['worker_cpu_us_per_job']:.0f} us/job)"
+            f"  cyclone {via.name} no-op {processes} proc, {config.label}, {retained:,} "
+            f"retained: {result['jobs_per_s']:>8,.0f} jobs/s; worker CPU "
+            f"{result['worker_cpu_us_per_job']:.0f} us/job, server CPU "
+            f"{'?' if cpu is None else f'{cpu:.0f}'} us/job"
+            + (f" (retained written in {history['fill_s']:.2f} s)" if retained else "")
         )
         return result
 
-    async def _drain(self, processes: int) -> dict[str, Any]:
+    async def noop(self, via: Via = DIRECT) -> list[dict[str, Any]]:
+        """The no-op drains: repeats x ``--retained`` x ``--processes``, interleaved."""
         settings = self.settings
-        options = {
-            "slots": settings.slots,
-            "claim_batch": settings.claim_batch,
-            "poll_interval": settings.poll_interval,
-        }
-        spies: list[subprocess.Popen[bytes]] = []
-        profiles: list[Path] = []
-        try:
-            async with started_together(
-                throughput_worker, [(self.dsn,)] * processes, options
-            ) as fleet:
-                began = time.perf_counter()
-                cpu_before = machine_cpu()
-                if settings.py_spy is not None:
-                    settings.py_spy.mkdir(parents=True, exist_ok=True)
-                    for pid in fleet.pids:
-                        profiles.append(settings.py_spy / f"worker-p{processes}-{pid}.txt")
-                        spies.append(_start_py_spy(pid, profiles[-1]))
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await wait_completed(conn, settings, fleet, began)
-                    elapsed = time.perf_counter() - began
-                    cores = busy_cores(cpu_before, machine_cpu())
-                    span = await db_span(conn) or elapsed
-        finally:
-            for spy in spies:
-                await asyncio.to_thread(spy.wait, STOP_TIMEOUT)
-        worker_cpu = fleet.cpu_s
+        samples = []
+        for repeat in range(settings.repeats):
+            for retained in settings.retained:
+                for processes in settings.processes:
+                    with self.monitor.window() as foreign:
+                        paired = await self.limits(list(CLAIM_SCRIPTS), processes)
+                        result = await self.drain_fresh(
+                            processes, self.config(via), retained=retained, via=via
+                        )
+                    samples.append(
+                        {
+                            **result,
+                            "repeat": repeat,
+                            "retained_runs": retained,
+                            "raw": paired,
+                            "foreign": foreign,
+                        }
+                    )
+        return samples
+
+    async def grid(self) -> dict[str, Any]:
+        """The no-op drain over :data:`GRID` and with the client's defaults."""
+        settings = self.settings
+        defaults = cyclone.Client(self.dsn, handlers=[noop])
+        configs = [self.config(slots=s, claim_batch=b) for s, b in GRID]
+        configs.append(self.config(slots=None, claim_batch=None))
+        samples = []
+        for repeat in range(settings.repeats):
+            for processes in settings.processes:
+                with self.monitor.window() as foreign:
+                    paired = await self.limits(["claim_complete10.sql"], processes)
+                for config in configs:
+                    with self.monitor.window() as seen:
+                        result = await self.drain_fresh(processes, config, retained=0)
+                    samples.append(
+                        {
+                            **result,
+                            "repeat": repeat,
+                            "defaults": config.slots is None,
+                            "raw": paired,
+                            "raw_foreign": foreign,
+                            "foreign": seen,
+                        }
+                    )
         return {
-            "processes": processes,
-            "slots": settings.slots,
-            "claim_batch": settings.claim_batch,
-            "jobs": settings.jobs,
-            "elapsed_s": elapsed,
-            "jobs_per_s": settings.jobs / elapsed,
-            "db_span_s": span,
-            "db_span_jobs_per_s": settings.jobs / span,
-            "worker_cpu_s": worker_cpu,
-            "worker_cpu_us_per_job": 1e6 * sum(worker_cpu) / settings.jobs,
-            "machine_busy_cores": cores,
-            "profiles": [str(p) for p in profiles if p.exists()],
+            "samples": samples,
+            "client_defaults": {
+                "slots": defaults.queues[QUEUE],
+                "claim_batch": defaults.claim_batch,
+            },
         }
 
-    # -- d: wake latency -----------------------------------------------------------
+    # -- e: wake latency -----------------------------------------------------------
 
-    async def latency(self) -> dict[str, Any]:
-        """Enqueue-to-start latency with one idle LISTENING worker process, both ways."""
+    async def latency(self, via: Via = DIRECT) -> dict[str, Any]:
+        """Enqueue-to-start latency with one idle LISTENING worker process, both ways,
+        and the raw wake probe right before it, ``--repeats`` times; samples pooled."""
+        settings = self.settings
+        pooled = via.pooler is not None
+        jobs = settings.pooler_latency_jobs if pooled else settings.latency_jobs
+        warmup = min(settings.latency_warmup, 5) if pooled else settings.latency_warmup
+        samples: dict[str, list[float]] = {}
+        raw_samples: list[float] = []
+        paired: list[dict[str, PgbenchResult]] = []
         with self.monitor.window() as foreign:
-            paired = await self.limits(["insert1.sql"], 1)
-            await reset_tables(self.dsn)
-            samples = await self._probe()
+            for _ in range(settings.repeats):
+                paired.append(await self.limits(["insert1.sql"], 1))
+                if self.wake_dsn is not None:
+                    raw_samples += await asyncio.to_thread(
+                        raw_wake,
+                        self.wake_dsn,
+                        settings.scripts,
+                        jobs=settings.latency_jobs,
+                        warmup=settings.latency_warmup,
+                    )
+                await reset_tables(self.dsn)
+                found = await cyclone_wake(
+                    self.dsn,
+                    self.config(via),
+                    client_dsn=via.to_client(self.dsn),
+                    jobs=jobs,
+                    warmup=warmup,
+                )
+                for name, values in found.items():
+                    samples.setdefault(name, []).extend(values)
         result: dict[str, Any] = {
-            "jobs": self.settings.latency_jobs,
-            **{name: latency_summary(values) for name, values in samples.items()},
+            "jobs": len(samples.get("db", [])),
+            "samples_ms": samples,
+            "raw_wake_ms": raw_samples,
             "raw": paired,
             "foreign": foreign,
         }
-        for name in samples:
-            summary = result[name]
-            log(
-                f"  cyclone latency {name:<18} p50 {summary['p50']:.3f} ms  "
-                f"p99 {summary['p99']:.3f} ms  max {summary['max']:.3f} ms"
-            )
+        log(f"  cyclone {via.name} latency: {result['jobs']} probes")
         return result
 
-    async def _probe(self) -> dict[str, list[float]]:
-        settings = self.settings
-        ctx = multiprocessing.get_context("spawn")
-        receiver, sender = ctx.Pipe(duplex=False)
-        stop = ctx.Event()
-        options = {
-            "slots": settings.slots,
-            "claim_batch": settings.claim_batch,
-            "poll_interval": settings.poll_interval,
-            "report": sender,
-            "stop": stop,
-        }
-        worker = ctx.Process(target=probe_worker, args=(self.dsn,), kwargs=options, name="probe")
-        worker.start()
-        sender.close()
-        from_return: dict[int, float] = {}
-        from_call: dict[int, float] = {}
-        try:
-            kind, _, _ = await asyncio.to_thread(_receive, receiver, START_TIMEOUT)
-            if kind != "ready":
-                raise RuntimeError(f"the probe worker said {kind!r} before 'ready'")
-            async with cyclone.Client(self.dsn, poll_interval=0.05) as client:
-                for n in range(settings.latency_warmup + settings.latency_jobs):
-                    called = monotonic_ns()
-                    handle = await client.enqueue(PROBE_KIND, {})
-                    returned = monotonic_ns()
-                    kind, run_id, started = await asyncio.to_thread(_receive, receiver, 10.0)
-                    if kind != "started" or run_id != handle.run_id:
-                        raise RuntimeError(f"expected run {handle.run_id}, got {kind} {run_id}")
-                    await client.wait(handle, timeout=10.0)
-                    if n >= settings.latency_warmup:
-                        from_return[run_id] = (started - returned) / 1e6
-                        from_call[run_id] = (started - called) / 1e6
-        finally:
-            stop.set()
-            await asyncio.to_thread(join_all, [worker])
-            receiver.close()
-        async with await psycopg.AsyncConnection.connect(self.dsn) as conn:
-            cur = await conn.execute(
-                "SELECT extract(epoch FROM started_at - created_at)::float8 * 1000 "
-                "FROM cyclone_steps WHERE run_id = ANY(%s)",
-                [list(from_return)],
-            )
-            db = [float(ms) for (ms,) in await cur.fetchall()]
-        return {
-            "db": db,
-            "python_from_return": list(from_return.values()),
-            "python_from_call": list(from_call.values()),
-        }
+
+async def _phases(bench: Bench, via: Via) -> dict[str, Any]:
+    phases = bench.settings.phases
+    found: dict[str, Any] = {}
+    if "enqueue" in phases:
+        found["enqueue"] = await bench.enqueue(via)
+    if "workers" in phases:
+        found["workers"] = await bench.noop(via)
+    if "latency" in phases:
+        found["latency"] = await bench.latency(via)
+    return found
 
 
 async def measure(settings: Settings) -> tuple[list[PgbenchResult], dict[str, Any]]:
     """Every figure of the selected phases, in throwaway databases made and dropped here."""
-    measured: dict[str, Any] = {}
     admin = settings.admin_dsn
     use_raw = "raw" in settings.phases
     with contextlib.ExitStack() as stack:
         dsn = stack.enter_context(throwaway_database(admin, "bench_cyclone"))
-        own = {conninfo_to_dict(dsn)["dbname"]}
+        own = {_dbname(dsn)}
         raw: RawLimit | None = None
+        wake_dsn: str | None = None
         if use_raw:
             raw_dsn = stack.enter_context(throwaway_database(admin, "bench_raw"))
-            own.add(conninfo_to_dict(raw_dsn)["dbname"])
+            own.add(_dbname(raw_dsn))
             raw = RawLimit(raw_dsn, settings.scripts, seconds=settings.pgbench_seconds)
             await asyncio.to_thread(raw.create_schema)
+            if "latency" in settings.phases:
+                wake_dsn = stack.enter_context(throwaway_database(admin, "bench_wake"))
+                own.add(_dbname(wake_dsn))
+                wake = RawLimit(wake_dsn, settings.scripts, seconds=settings.pgbench_seconds)
+                await asyncio.to_thread(wake.create_schema, fill=False)
         await asyncio.to_thread(cyclone.migrate, dsn)
-        monitor = stack.enter_context(LoadMonitor(admin, {str(db) for db in own}))
-        bench = Bench(settings, dsn, raw, monitor)
-        if "enqueue" in settings.phases:
-            measured["enqueue"] = await bench.enqueue()
-        if "workers" in settings.phases:
-            measured["workers"] = [await bench.throughput(n) for n in settings.processes]
-        if "latency" in settings.phases:
-            measured["latency"] = await bench.latency()
+        monitor = stack.enter_context(LoadMonitor(admin, own))
+        bench = Bench(settings, dsn, raw, monitor, wake_dsn=wake_dsn)
+        measured = await _phases(bench, DIRECT)
+        if settings.grid:
+            measured["grid"] = await bench.grid()
+        if settings.pooler:
+            to_client = stack.enter_context(
+                transaction_pooler(admin, pool_size=settings.pooler_pool_size)
+            )
+            log("through PgBouncer (pool_mode = transaction):")
+            measured["pooler"] = await _phases(bench, Via("pooler", to_client, "transaction"))
         if monitor.error:
             log(f"  (the load monitor stopped: {monitor.error})")
     return bench.raw_results, measured
-
-
-# -- the report ------------------------------------------------------------------------
-
-
-def _busy(figure: dict[str, Any]) -> str:
-    share = figure.get("foreign", {}).get("busy_share")
-    return "" if share is None else f"{share:.0%}"
-
-
-def _limit(figure: dict[str, Any], script: str, *, latency: bool = False) -> dict[str, Any]:
-    """The raw figure measured with ``figure`` as ``Row`` arguments (none if not run)."""
-    found: PgbenchResult | None = figure.get("raw", {}).get(script)
-    if found is None:
-        return {}
-    if latency:
-        return {"raw_label": f"{found.label} latency", "raw_value": found.latency_ms}
-    return {"raw_label": found.label, "raw_value": found.jobs_per_s}
-
-
-def build_rows(settings: Settings, measured: dict[str, Any]) -> list[Row]:
-    """Each Cyclone figure with the raw limit measured beside it, and its target."""
-    rows: list[Row] = []
-    for name, figure in measured.get("enqueue", {}).items():
-        producers = figure["producers"]
-        busy = _busy(figure)
-        if name.startswith("enqueue_many"):
-            raw_many = _limit(figure, "insert100.sql")
-            label = f"enqueue_many of {settings.batch}, 1 producer"
-            rows.append(Row(label, figure["jobs_per_s"], "jobs/s", busy=busy, **raw_many))
-            continue
-        rows.append(
-            Row(
-                f"enqueue, 1 per tx, {producers} producer{'s' * (producers > 1)}",
-                figure["jobs_per_s"],
-                "jobs/s",
-                min_ratio=0.7,
-                busy=busy,
-                **_limit(figure, "insert1.sql"),
-            )
-        )
-    for run in measured.get("workers", []):
-        n, rate, busy = run["processes"], run["jobs_per_s"], _busy(run)
-        figure = f"no-op jobs, {n} process{'es' * (n > 1)} x {run['slots']} slots"
-        rows.append(
-            Row(
-                figure,
-                rate,
-                "jobs/s",
-                min_ratio=0.5,
-                busy=busy,
-                **_limit(run, "claim_complete10.sql"),
-            )
-        )
-        rows.append(
-            Row("  same, vs batches of 1", rate, "jobs/s", **_limit(run, "claim_complete1.sql"))
-        )
-    latency = measured.get("latency")
-    if latency:
-        busy = _busy(latency)
-        reference = _limit(latency, "insert1.sql", latency=True)
-        for name, label in (
-            ("db", "started_at - created_at"),
-            ("python_from_return", "enqueue() return -> handler"),
-        ):
-            for pct, ceiling in (("p50", 1.0), ("p99", 5.0)):
-                rows.append(
-                    Row(
-                        f"wake {pct}, {label}",
-                        latency[name][pct],
-                        "ms",
-                        max_value=ceiling,
-                        busy=busy,
-                        **reference,
-                    )
-                )
-        rows.append(
-            Row("  p50, enqueue() call -> handler", latency["python_from_call"]["p50"], "ms")
-        )
-    return rows
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, PgbenchResult):
-        return value.to_json()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def print_report(
-    settings: Settings,
-    server: dict[str, Any],
-    rows: Sequence[Row],
-    raw: Sequence[PgbenchResult],
-    measured: dict[str, Any],
-) -> None:
-    """The table and the details below it, on stdout."""
-    print()
-    print(
-        f"Cyclone {cyclone.__version__} vs raw PostgreSQL {server.get('server_version')} "
-        f"on {os.cpu_count()} cores (synchronous_commit={server.get('synchronous_commit')}, "
-        f"fsync={server.get('fsync')}); no-op: {settings.jobs:,} jobs, "
-        f"claim_batch {settings.claim_batch or 'free slots'}, {settings.slots} slots/process"
-    )
-    print()
-    print(render_table(rows))
-    print()
-    print(
-        "ratio = Cyclone / raw; for latencies the raw figure is pgbench's mean latency of a "
-        "single-row INSERT (one commit).\n"
-        "busy = share of 0.5 s samples, during the raw+Cyclone pair, in which another "
-        "database on the server had an active query."
-    )
-    if raw:
-        print()
-        print(f"raw limit runs (pgbench -n -M prepared, {settings.pgbench_seconds} s each):")
-        for r in raw:
-            cores = "?" if r.busy_cores is None else f"{r.busy_cores:.2f}"
-            print(
-                f"  {r.label:<26} {r.tps:>9,.0f} TPS  {r.jobs_per_s:>9,.0f} jobs/s  "
-                f"latency {r.latency_ms:.3f} ms  machine busy {cores} cores"
-            )
-    for run_ in measured.get("workers", []):
-        cores = run_["machine_busy_cores"]
-        print(
-            f"no-op, {run_['processes']} process(es): {run_['elapsed_s']:.2f} s from barrier to "
-            f"last completion seen (database span {run_['db_span_s']:.2f} s = "
-            f"{run_['db_span_jobs_per_s']:,.0f} jobs/s); worker CPU "
-            f"{run_['worker_cpu_us_per_job']:.0f} us/job; machine busy "
-            f"{'?' if cores is None else f'{cores:.2f}'} of {os.cpu_count()} cores"
-        )
-    latency = measured.get("latency")
-    if latency:
-        for name in ("db", "python_from_return", "python_from_call"):
-            s = latency[name]
-            print(
-                f"latency {name:<18} n={s['count']}  p50 {s['p50']:.3f}  p90 {s['p90']:.3f}  "
-                f"p99 {s['p99']:.3f}  mean {s['mean']:.3f}  max {s['max']:.3f} ms"
-            )
-    for run_ in measured.get("workers", []):
-        if run_["profiles"]:
-            print()
-            print(f"py-spy, {run_['processes']} worker process(es):")
-            print(profile_summary(Path(p) for p in run_["profiles"]))
 
 
 def run(settings: Settings) -> dict[str, Any]:
@@ -645,7 +496,7 @@ def run(settings: Settings) -> dict[str, Any]:
         "measured": measured,
         "rows": [row.to_json() for row in rows],
     }
-    write_results(settings.results_dir, "jobs", started, results, default=_to_json)
+    write_results(settings.results_dir, "jobs", started, results, default=to_json)
     return results
 
 
@@ -672,10 +523,21 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--worker-timeout", type=float, default=60.0, help="give up on a no-op run after (s)")
     add("--latency-jobs", type=int, default=300, help="probe runs measured for latency")
     add("--latency-warmup", type=int, default=20, help="probe runs before measuring")
+    add("--retained", type=int, nargs="+", default=[0], metavar="N", help="retained runs")
+    add("--stale-stats", action="store_true", help="keep the empty tables' statistics")
+    add("--repeats", type=int, default=3, help="interleaved repeats of each figure (median)")
+    add("--grid", action="store_true", help="no-op drains over slots x claim_batch")
+    add("--pooler", action="store_true", help="again through PgBouncer, transaction mode")
+    add("--pooler-pool-size", type=int, default=20, help="PgBouncer's default_pool_size")
+    add("--pooler-latency-jobs", type=int, default=30, help="latency probes via the pooler")
     add("--phases", nargs="+", choices=PHASES, default=list(PHASES), help="what to measure")
     add("--py-spy", type=Path, default=None, metavar="DIR", help="profile no-op workers into DIR")
     add("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")
     args = parser.parse_args(argv)
+    if min(args.repeats, args.jobs, args.batch, *args.processes) < 1:
+        parser.error("--repeats, --jobs, --batch and --processes must be >= 1")
+    if min(args.retained) < 0:
+        parser.error("--retained counts must be >= 0")
     return Settings(
         admin_dsn=args.dsn,
         scripts=args.raw_scripts,
@@ -695,6 +557,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         phases=tuple(args.phases),
         py_spy=args.py_spy,
         results_dir=args.results_dir,
+        retained=tuple(dict.fromkeys(args.retained)),
+        stale_stats=args.stale_stats,
+        repeats=args.repeats,
+        grid=args.grid,
+        pooler=args.pooler,
+        pooler_pool_size=args.pooler_pool_size,
+        pooler_latency_jobs=args.pooler_latency_jobs,
     )
 
 

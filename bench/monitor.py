@@ -5,7 +5,9 @@ and a figure bound by commit flushes moves a lot when someone else commits too. 
 thread samples ``pg_stat_activity`` twice a second for client backends that are active
 in databases other than the benchmark's own; :meth:`LoadMonitor.window` reports, for the
 span of one measurement, the share of samples that saw any, so that a figure taken
-beside foreign work can be told apart from a clean one.
+beside foreign work can be told apart from a clean one, and the mean of the machine's
+one-minute load average over those samples (``load_avg``). :meth:`LoadMonitor.own`
+adds a database made later (a fresh one per drain) to the benchmark's own.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class LoadMonitor:
         self._interval = interval
         self._lock = threading.Lock()
         self._samples: list[dict[str, int]] = []
+        self._loads: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-monitor", daemon=True)
         self.error: str | None = None
@@ -79,20 +82,31 @@ class LoadMonitor:
         try:
             with psycopg.connect(self._dsn, autocommit=True) as conn:
                 while not self._stop.wait(self._interval):
-                    rows = conn.execute(_FOREIGN, [self._own]).fetchall()
+                    with self._lock:
+                        own = list(self._own)
+                    rows = conn.execute(_FOREIGN, [own]).fetchall()
+                    load = os.getloadavg()[0]
                     with self._lock:
                         self._samples.append({str(db): int(n) for db, n in rows})
+                        self._loads.append(load)
         except psycopg.Error as exc:  # the figures matter more than the monitor
             self.error = str(exc)
+
+    def own(self, dbname: str) -> None:
+        """Count database ``dbname`` as the benchmark's own from now on."""
+        with self._lock:
+            self._own = sorted({*self._own, dbname})
 
     def take(self) -> dict[str, Any]:
         """What the samples since the previous call saw; starts a new window."""
         with self._lock:
             samples, self._samples = self._samples, []
+            loads, self._loads = self._loads, []
         busy = [s for s in samples if s]
         return {
             "samples": len(samples),
             "busy_share": len(busy) / len(samples) if samples else None,
+            "load_avg": sum(loads) / len(loads) if loads else os.getloadavg()[0],
             "max_foreign_active": max((sum(s.values()) for s in busy), default=0),
             "databases": sorted({db for s in busy for db in s}),
         }

@@ -10,6 +10,10 @@ one short ``pgbench -n -M prepared -c C -j min(C, cores) -T S -f SCRIPT`` run:
 * ``claim_complete1.sql`` / ``claim_complete10.sql``: claim 1 (10) rows with
   ``FOR UPDATE SKIP LOCKED`` and complete them (jobs/s = TPS x 1 (10)).
 
+Each run also records the CPU time of pgbench's backends (``application_name``
+``pgbench``, sampled every 0.1 s by :class:`bench.cpu.BackendCpu`), so that the server
+CPU per job of the raw limit can stand beside Cyclone's.
+
 The table is refilled before every claim run, as the README says, so each starts from
 the same 200,000 rows; a run that drains the table is refused, since claims that find
 nothing would inflate its TPS.
@@ -32,6 +36,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from bench.cpu import BackendCpu
 from bench.db import DEFAULT_ADMIN_DSN, log, throwaway_database
 from bench.monitor import busy_cores, machine_cpu
 
@@ -71,11 +76,21 @@ class PgbenchResult:
     tps: float
     latency_ms: float
     busy_cores: float | None = None
+    server_cpu_s: float | None = None
+    """CPU seconds of pgbench's backends during the run (:mod:`bench.cpu`)."""
 
     @property
     def jobs_per_s(self) -> float:
         """Jobs (rows) per second: TPS times the jobs of one transaction."""
         return self.tps * self.batch
+
+    @property
+    def server_cpu_us_per_job(self) -> float | None:
+        """Server CPU microseconds per job (row) of the run, when measured."""
+        jobs = self.transactions * self.batch
+        if self.server_cpu_s is None or jobs <= 0:
+            return None
+        return 1e6 * self.server_cpu_s / jobs
 
     @property
     def label(self) -> str:
@@ -84,7 +99,12 @@ class PgbenchResult:
 
     def to_json(self) -> dict[str, Any]:
         """The run as a JSON object, with ``jobs_per_s``."""
-        return {**asdict(self), "jobs_per_s": round(self.jobs_per_s, 1)}
+        cpu = self.server_cpu_us_per_job
+        return {
+            **asdict(self),
+            "jobs_per_s": round(self.jobs_per_s, 1),
+            "server_cpu_us_per_job": None if cpu is None else round(cpu, 1),
+        }
 
 
 class RawLimit:
@@ -111,10 +131,12 @@ class RawLimit:
             cwd=self.scripts,
         )
 
-    def create_schema(self) -> None:
-        """Create the ``jobs`` table (``schema.sql``) and fill it (``refill.sql``)."""
+    def create_schema(self, *, fill: bool = True) -> None:
+        """Create the ``jobs`` table (``schema.sql``) and fill it (``refill.sql``) unless
+        not ``fill``."""
         self._psql("schema.sql")
-        self.refill()
+        if fill:
+            self.refill()
 
     def refill(self) -> None:
         """``refill.sql``: 200,000 available rows, vacuumed, analyzed and checkpointed."""
@@ -166,7 +188,15 @@ class RawLimit:
             self.dsn,
         ]
         before = machine_cpu()
-        done = subprocess.run(command, env=self._env, capture_output=True, text=True, check=False)
+        # pgbench's backends exit with it: sample often, so that little of their last
+        # moments is lost (bench.cpu keeps the last value seen of a backend that exits)
+        server = BackendCpu(self.dsn, "pgbench", interval=0.1).start()
+        try:
+            done = subprocess.run(
+                command, env=self._env, capture_output=True, text=True, check=False
+            )
+        finally:
+            server_cpu = server.stop()
         cores = busy_cores(before, machine_cpu())
         tps = _TPS.search(done.stdout)
         if done.returncode != 0 or tps is None:
@@ -189,6 +219,7 @@ class RawLimit:
             tps=rate,
             latency_ms=float(latency.group(1)) if latency else 1000.0 * clients / rate,
             busy_cores=cores,
+            server_cpu_s=server_cpu.seconds,
         )
 
 

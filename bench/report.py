@@ -1,8 +1,11 @@
 """Reporting: results files, latency percentiles, tables, and profile summaries.
 
-A :class:`Row` is one Cyclone figure with the raw limit it is compared with and its
-target: a least ratio of the raw limit (throughput) or a ceiling (latency). The table
-prints the ratio Cyclone / raw and whether the target is met. :func:`profile_summary`
+A :class:`Row` is one Cyclone figure with the reference it is compared with (the raw
+limit measured in the same run, or another Cyclone figure: the best grid cell, the
+drain with no retained runs) and its target: a least ratio of the reference
+(throughput), a greatest ratio (CPU, latency against the raw probe) or a ceiling
+(latency). The table prints the ratio Cyclone / reference and whether the target is
+met, with the foreign activity and the load average seen meanwhile. :func:`profile_summary`
 reads py-spy's collapsed stacks (``--format raw``) and names where the samples fall.
 """
 
@@ -104,24 +107,28 @@ def latency_summary(samples_ms: Sequence[float]) -> dict[str, float]:
 class Row:
     """One figure of the report.
 
-    ``min_ratio``: the target is ``value >= min_ratio * raw``. ``max_value``: the target
-    is ``value < max_value`` (a latency). Neither: an informational row. ``busy``: how
-    much foreign database activity was seen while the figure was measured.
+    ``min_ratio``: the target is ``value >= min_ratio * raw``. ``max_ratio``: the target
+    is ``value <= max_ratio * raw``. ``max_value``: the target is ``value <= max_value``
+    (a latency). None of them: an informational row. ``busy``: how much foreign
+    database activity was seen while the figure was measured; ``load``: the load
+    average meanwhile.
     """
 
     figure: str
-    value: float
+    value: float | None
     unit: str
     raw_label: str = ""
     raw_value: float | None = None
     min_ratio: float | None = None
     max_value: float | None = None
     busy: str = ""
+    max_ratio: float | None = None
+    load: str = ""
 
     @property
     def ratio(self) -> float | None:
-        """Cyclone / raw, when there is a raw figure."""
-        if self.raw_value is None or self.raw_value <= 0:
+        """Cyclone / reference, when there are both."""
+        if self.value is None or self.raw_value is None or self.raw_value <= 0:
             return None
         return self.value / self.raw_value
 
@@ -129,26 +136,30 @@ class Row:
     def target(self) -> str:
         """The target in words."""
         if self.min_ratio is not None:
-            return f">= {self.min_ratio:.0%} of raw"
+            return f">= {self.min_ratio:.0%} of ref"
+        if self.max_ratio is not None:
+            return f"<= {self.max_ratio:g}x ref"
         if self.max_value is not None:
-            return f"< {self.max_value:g} {self.unit}"
+            return f"<= {self.max_value:g} {self.unit}"
         return ""
 
     @property
     def met(self) -> bool | None:
-        """Whether the target is met; ``None`` without a target."""
+        """Whether the target is met; ``None`` without a target or a figure."""
         ratio = self.ratio
         if self.min_ratio is not None and ratio is not None:
             return ratio >= self.min_ratio
-        if self.max_value is not None:
-            return self.value < self.max_value
+        if self.max_ratio is not None and ratio is not None:
+            return ratio <= self.max_ratio
+        if self.max_value is not None and self.value is not None:
+            return self.value <= self.max_value
         return None
 
     def to_json(self) -> dict[str, Any]:
         """The row as a JSON object."""
         return {
             "figure": self.figure,
-            "value": round(self.value, 4),
+            "value": None if self.value is None else round(self.value, 4),
             "unit": self.unit,
             "raw": self.raw_label or None,
             "raw_value": None if self.raw_value is None else round(self.raw_value, 1),
@@ -156,10 +167,13 @@ class Row:
             "target": self.target or None,
             "met": self.met,
             "busy": self.busy or None,
+            "load": self.load or None,
         }
 
 
-def _number(value: float, unit: str) -> str:
+def _number(value: float | None, unit: str) -> str:
+    if value is None:
+        return "?"
     if unit == "ms":
         return f"{value:.3f} ms"
     return f"{value:,.0f} {unit}"
@@ -167,7 +181,17 @@ def _number(value: float, unit: str) -> str:
 
 def render_table(rows: Iterable[Row]) -> str:
     """The rows as an aligned text table."""
-    header = ("figure", "Cyclone", "raw limit", "raw (pgbench)", "ratio", "target", "met", "busy")
+    header = (
+        "figure",
+        "Cyclone",
+        "reference",
+        "reference is",
+        "ratio",
+        "target",
+        "met",
+        "busy",
+        "load",
+    )
     lines: list[tuple[str, ...]] = [header]
     for row in rows:
         ratio = row.ratio
@@ -182,9 +206,10 @@ def render_table(rows: Iterable[Row]) -> str:
                 row.target,
                 "" if met is None else ("ok" if met else "MISS"),
                 row.busy,
+                row.load,
             )
         )
-    return text_table(lines, right={1, 2, 4, 7})
+    return text_table(lines, right={1, 2, 4, 7, 8})
 
 
 def text_table(lines: Sequence[tuple[str, ...]], right: Iterable[int] = ()) -> str:

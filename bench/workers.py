@@ -5,6 +5,11 @@ Each is a separate Python process (multiprocessing, spawn start method) that bui
 sets its ``stop`` event; leaving ``async with client`` then stops it gracefully, as
 SIGTERM does for ``python -m cyclone worker``.
 
+Every entry point takes ``slots`` and ``claim_batch`` as ``None`` too: the client is
+then built without them (``queues=`` and ``claim_batch=`` left out), so it runs with
+the client's own defaults; ``pooler`` is passed through to the client (``None``: the
+client's default, the environment's ``CYCLONE_POOLER`` or ``"session"``).
+
 * :func:`throughput_worker` runs the no-op kind. It imports and builds its client
   before it meets the driver at a barrier, so the timed span starts with every process
   ready and excludes interpreter start-up; at ``stop`` it reports the CPU seconds it
@@ -29,6 +34,7 @@ import cyclone
 __all__ = [
     "NOOP_KIND",
     "PROBE_KIND",
+    "client_options",
     "monotonic_ns",
     "noop",
     "probe_worker",
@@ -56,6 +62,21 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def client_options(
+    *, slots: int | None, claim_batch: int | None, pooler: str | None = None
+) -> dict[str, Any]:
+    """The :class:`cyclone.Client` keyword arguments of a benchmark worker: only what is
+    given, so that ``None`` leaves the client's default in place."""
+    options: dict[str, Any] = {}
+    if slots is not None:
+        options["queues"] = {QUEUE: slots}
+    if claim_batch is not None:
+        options["claim_batch"] = claim_batch
+    if pooler is not None:
+        options["pooler"] = pooler
+    return options
+
+
 async def _serve(client: cyclone.Client, stop: Event) -> None:
     async with client:
         await asyncio.to_thread(stop.wait)
@@ -64,13 +85,14 @@ async def _serve(client: cyclone.Client, stop: Event) -> None:
 def throughput_worker(
     dsn: str,
     *,
-    slots: int,
+    slots: int | None,
     claim_batch: int | None,
     poll_interval: float,
     start: Barrier,
     stop: Event,
     usage: SimpleQueue[float],
     purge_interval: float | None = 300.0,
+    pooler: str | None = None,
 ) -> None:
     """Run no-op jobs with ``slots`` slots from the barrier until ``stop`` is set.
 
@@ -79,10 +101,9 @@ def throughput_worker(
     client = cyclone.Client(
         dsn,
         handlers=[noop],
-        queues={QUEUE: slots},
-        claim_batch=claim_batch,
         poll_interval=poll_interval,
         purge_interval=purge_interval,
+        **client_options(slots=slots, claim_batch=claim_batch, pooler=pooler),
     )
     start.wait()
     began = cpu_seconds()
@@ -100,7 +121,8 @@ def _probe(report: Connection) -> cyclone.Handler:
 
 async def _serve_probe(client: cyclone.Client, report: Connection, stop: Event) -> None:
     async with client:
-        while not client.listening:
+        # behind a transaction pooler there is no LISTEN: the worker polls
+        while client.settings.can_listen and not client.listening:
             await asyncio.sleep(0.005)
         report.send(("ready", 0, monotonic_ns()))
         await asyncio.to_thread(stop.wait)
@@ -109,18 +131,19 @@ async def _serve_probe(client: cyclone.Client, report: Connection, stop: Event) 
 def probe_worker(
     dsn: str,
     *,
-    slots: int,
+    slots: int | None,
     claim_batch: int | None,
     poll_interval: float,
     report: Connection,
     stop: Event,
+    pooler: str | None = None,
 ) -> None:
-    """Run probe jobs, reporting each handler start through ``report``."""
+    """Run probe jobs, reporting each handler start through ``report``; ``ready`` once
+    its LISTEN connection is up (at once behind a transaction pooler, which polls)."""
     client = cyclone.Client(
         dsn,
         handlers=[_probe(report)],
-        queues={QUEUE: slots},
-        claim_batch=claim_batch,
         poll_interval=poll_interval,
+        **client_options(slots=slots, claim_batch=claim_batch, pooler=pooler),
     )
     asyncio.run(_serve_probe(client, report, stop))
