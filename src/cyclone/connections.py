@@ -40,11 +40,15 @@ from cyclone.dbio import pin_search_path
 from cyclone.errors import DatabaseUnavailable, ValidationError
 from cyclone.options import HOUR, Duration, seconds
 
+PREPARED_MAX = 256
+"""Prepared statements a direct connection keeps (psycopg's default is 100)."""
+
 __all__ = [
     "BUSY_POOL_WAIT",
     "DEFAULT_TCP_USER_TIMEOUT",
     "POOLERS",
     "POOLER_ENV",
+    "PREPARED_MAX",
     "ConnectionSettings",
     "Pooler",
     "borrow_async",
@@ -272,9 +276,13 @@ class ConnectionSettings:
 
     def prepare(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         """Ready a fresh connection (or a borrowed one): behind a transaction pooler,
-        every statement Cyclone runs on it sets the schema in its own transaction."""
+        every statement Cyclone runs on it sets the schema in its own transaction;
+        otherwise it keeps up to :data:`PREPARED_MAX` prepared statements (the engine's
+        statements, a claim per limit it uses, and room for the caller's)."""
         if self.per_transaction:
             pin_search_path(conn, self.schema)
+        elif conn.prepared_max is not None and conn.prepared_max < PREPARED_MAX:
+            conn.prepared_max = PREPARED_MAX
 
     def configure_async(self) -> Callable[[psycopg.AsyncConnection[Any]], Any]:
         """A pool ``configure`` callback: READ COMMITTED transactions (the DAG advance

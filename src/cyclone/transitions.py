@@ -20,7 +20,7 @@ from cyclone.inputs import parse_bindings
 from cyclone.options import micros
 from cyclone.payloads import clean_text
 from cyclone.retry import RetryPolicy
-from cyclone.sql import Q
+from cyclone.sql import Q, claim_sql
 
 __all__ = [
     "MISMATCH_DELAY",
@@ -105,19 +105,19 @@ def claim_stmt(
 ) -> Stmt:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
-    ``timeouts`` (seconds, aligned with ``kinds``) are the kinds' declared timeouts,
-    applied to a claimed step that has none. Steps of runs whose def_version is in
-    ``foreign`` are skipped.
+    ``limit`` must be one of :data:`cyclone.sql.CLAIM_LIMITS` (:func:`claim_limit` picks
+    one). ``timeouts`` (seconds, aligned with ``kinds``) are the kinds' declared
+    timeouts, applied to a claimed step that has none. Steps of runs whose def_version
+    is in ``foreign`` are skipped.
     """
     return Stmt(
-        Q.steps_claim,
+        claim_sql(limit),
         {
             "queue": queue,
             "kinds": list(kinds),
             "timeouts_us": [micros(t) for t in (timeouts or [None] * len(kinds))],
             "owner": owner,
             "ttl_us": micros(ttl),
-            "limit": limit,
             "foreign": list(foreign),
         },
     )

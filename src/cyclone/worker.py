@@ -42,7 +42,7 @@ from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.scanners.waits import MARKS
-from cyclone.sql import Q
+from cyclone.sql import Q, claim_limit
 from cyclone.transitions import (
     FAILURE_CAS,
     Claimed,
@@ -269,7 +269,7 @@ class Worker:
                 queue.freed.clear()
                 await queue.freed.wait()
                 continue
-            limit = min(free, settings.claim_limit)
+            limit = claim_limit(min(free, settings.claim_limit))
             queue.wake.clear()
             try:
                 self.claims += 1

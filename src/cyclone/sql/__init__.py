@@ -13,7 +13,7 @@ import re
 from importlib import resources
 from typing import LiteralString
 
-__all__ = ["Q", "Queries", "load_blocks"]
+__all__ = ["CLAIM_LIMITS", "Q", "Queries", "claim_limit", "claim_sql", "load_blocks"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _FILES = (
@@ -155,3 +155,34 @@ class Queries:
 
 Q = Queries()
 """The loaded statements; ``Q.steps_claim`` and so on."""
+
+CLAIM_LIMITS = (
+    *(1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 25, 32, 40, 50, 64, 80, 100, 128, 160),
+    *(200, 256, 320, 400, 500, 640, 800, 1000),
+)
+"""The ``LIMIT`` values a claim statement is written with (at most 1.25x apart)."""
+
+_CLAIMS: dict[int, LiteralString] = {
+    n: Q.steps_claim.replace("%(limit)s", str(n)) for n in CLAIM_LIMITS
+}
+
+
+def claim_limit(wanted: int) -> int:
+    """The largest of :data:`CLAIM_LIMITS` not above ``wanted`` (``wanted`` >= 1)."""
+    return max(n for n in CLAIM_LIMITS if n <= max(1, wanted))
+
+
+def claim_sql(limit: int) -> LiteralString:
+    """``steps_claim`` with its ``LIMIT`` written as the constant ``limit``, one of
+    :data:`CLAIM_LIMITS`.
+
+    The claim runs on its generic plan (``steps_claim_plan``), and a generic plan of
+    ``LIMIT $n`` is planned for a tenth of the rows the claim index may return (with a
+    large backlog: hash joins over whole tables); a constant limit keeps it planned for
+    the rows it takes. The texts are made here, once, from the statement of
+    ``steps.sql`` and the integers above: nothing from outside reaches them.
+
+    Raises:
+        KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.
+    """
+    return _CLAIMS[limit]

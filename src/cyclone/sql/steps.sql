@@ -184,11 +184,13 @@ WITH claimable AS (
       AND s.kind = ANY(%(kinds)s::text[])
       -- a fan-out node is the scanner's, never a worker's
       AND s.fan_out_parallel IS NULL
+      -- OFFSET 0: a primary-key probe per row, never a hash of every run
       AND (cardinality(%(foreign)s::text[]) = 0 OR NOT EXISTS (
               SELECT 1
               FROM cyclone_runs f
               WHERE f.id = s.run_id
-                AND f.def_version = ANY(%(foreign)s::text[])))
+                AND f.def_version = ANY(%(foreign)s::text[])
+              OFFSET 0))
       AND (s.sequence_key IS NULL OR NOT EXISTS (
               SELECT 1
               FROM cyclone_steps e
@@ -235,13 +237,14 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
 
 
 -- name: steps_claim_plan
--- The first statement of a claim's transaction: its prepared claim runs on the generic
--- plan, planned once per connection. PostgreSQL would otherwise plan the claim afresh
--- on every call: it prices the generic plan of a "LIMIT $n" for a tenth of the rows the
--- scan may return, never for n, so the generic plan never looks cheaper than a custom
--- one. The claim's shape keeps its generic plan on the indexes whatever the statistics
--- (tests/db/test_history_plans.py); behind a transaction pooler nothing is prepared and
--- this setting changes nothing. Transaction-local: gone at the COMMIT.
+-- The first statement of a claim's transaction: the prepared claim runs on its generic
+-- plan, planned once per connection and claim limit. PostgreSQL would otherwise plan
+-- the claim afresh on every call (close to half of its server time): a generic plan
+-- priced with default selectivities always looks dearer than a custom one. The claim's
+-- shape keeps its generic plan on its indexes whatever the statistics (a constant
+-- LIMIT, primary-key probes; tests/db/test_history_plans.py). Behind a transaction
+-- pooler nothing is prepared and this changes nothing. Transaction-local: gone at the
+-- COMMIT, never a session setting.
 SET LOCAL plan_cache_mode = force_generic_plan;
 
 
@@ -327,7 +330,8 @@ UNION ALL
 SELECT v.id, v.owner, false
 FROM v
 WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = v.owner)
-  AND EXISTS (  -- a primary-key probe per busy row (OFFSET 0: never a join)
+  -- a primary-key probe per busy row (OFFSET 0 keeps it a subplan, never a join)
+  AND EXISTS (
       SELECT 1
       FROM cyclone_steps s
       WHERE s.id = v.id
