@@ -98,8 +98,10 @@ ENGINE_RESERVE = 6
 """Connections kept for the engine: the lease pool, the engine pool and LISTEN."""
 LEASE_CONNECTIONS = 2
 """Connections of the lease pool (claims and heartbeats)."""
-DEFAULT_SLOTS = 10
+DEFAULT_SLOTS = 100
 """Worker slots of each queue of the registered kinds when ``queues`` is not given."""
+DEFAULT_TX_SLOTS = 20
+"""Most completion transactions a client opens at once when ``tx_slots`` is not given."""
 MAX_SLOTS = 10_000
 """Most worker slots one queue of one client may have."""
 
@@ -123,7 +125,7 @@ class Client:
             too). A worker runs a workflow step only if it registers the run's workflow
             with the run's ``def_version``; see docs/workflows.md.
         queues: queue name -> worker slots (1 to 10,000). Default: each queue of the
-            registered kinds and of the registered workflows' nodes, with 10 slots.
+            registered kinds and of the registered workflows' nodes, with 100 slots.
             :meth:`set_queues` changes them before a start.
         lease_ttl: lease length (``timedelta`` or seconds, default 30): the time to detect a
             crashed worker. Heartbeats renew it every ``lease_ttl / 3``.
@@ -137,7 +139,8 @@ class Client:
             logged, never raised to the caller.
         max_reclaims: reclaims a step may take before it is discarded with
             ``reclaim_limit`` (default 5).
-        tx_slots: completion transactions open at once (default: the total of slots).
+        tx_slots: completion transactions open at once (default: the total of slots, at
+            most 20: a handler past them waits for one at ``ctx.completion_tx()``).
         max_connections: connections this client may open (default ``tx_slots + 6``).
         schema: the Postgres schema Cyclone lives in (default ``public``).
         tcp_user_timeout: seconds after which a connection whose network is gone is
@@ -306,7 +309,7 @@ class Client:
         handler_list = list(self.config.handlers.values())
         tx_slots, max_connections = self._given_sizes
         if tx_slots is None:
-            tx_slots = max(1, sum(checked.values()) if handler_list else 0)
+            tx_slots = max(1, min(DEFAULT_TX_SLOTS, sum(checked.values())) if handler_list else 0)
         budget = tx_slots + ENGINE_RESERVE
         if max_connections is None:
             max_connections = budget
