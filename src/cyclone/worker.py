@@ -307,8 +307,7 @@ class Worker:
             foreign=self._foreign,
         )
         async with self._lease_pool.connection() as conn:
-            rows = await batch_async(conn, [Stmt(Q.steps_claim_plan), stmt], transaction=True)
-            claimed = parse_claimed(rows[1], queue.name, owner, self._parents)
+            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner, self._parents)
             try:
                 sequenced = [step for step in claimed if step.sequence_key is not None]
                 if sequenced:

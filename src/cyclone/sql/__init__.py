@@ -56,7 +56,6 @@ class Queries:
     steps_enqueue_keyed: LiteralString
     steps_find_submit_keys: LiteralString
     steps_claim: LiteralString
-    steps_claim_plan: LiteralString
     steps_sequence_lock: LiteralString
     steps_sequence_release: LiteralString
     steps_heartbeat: LiteralString
@@ -176,11 +175,12 @@ def claim_sql(limit: int) -> LiteralString:
     """``steps_claim`` with its ``LIMIT`` written as the constant ``limit``, one of
     :data:`CLAIM_LIMITS`.
 
-    The claim runs on its generic plan (``steps_claim_plan``), and a generic plan of
-    ``LIMIT $n`` is planned for a tenth of the rows the claim index may return (with a
-    large backlog: hash joins over whole tables); a constant limit keeps it planned for
-    the rows it takes. The texts are made here, once, from the statement of
-    ``steps.sql`` and the integers above: nothing from outside reaches them.
+    A prepared claim settles on its generic plan, and a generic plan of ``LIMIT $n`` is
+    priced for a tenth of the rows the claim index may return (dearer than any custom
+    plan, so PostgreSQL would plan every claim afresh; and with a large backlog, hash
+    joins over whole tables); a constant limit keeps it planned for the rows it takes.
+    The texts are made here, once, from the statement of ``steps.sql`` and the
+    integers above: nothing from outside reaches them.
 
     Raises:
         KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.

@@ -175,21 +175,26 @@ WHERE r.workflow = %(kind)s
 -- then the rest by (scheduled_at, id). The row comparison reads: e comes first if e is
 -- started and s is not, or both are alike and e is earlier. steps_sequence_release
 -- rechecks the rule under the key's lock after the claim commits.
+-- Plan: the LIMIT is a constant (cyclone.sql.claim_sql writes one of CLAIM_LIMITS), and
+-- the queue, the kinds and the foreign versions are read through one-row sub-SELECTs,
+-- which no plan can look into: the generic plan of the prepared claim then costs what a
+-- custom one does, so PostgreSQL keeps it after five executions and stops planning
+-- every claim (half of the claim's server time). Neither plan depends on their values.
 WITH claimable AS (
     SELECT s.id, s.run_id, s.state
     FROM cyclone_steps s
     WHERE s.state = 'available'
-      AND s.queue = %(queue)s
+      AND s.queue = (SELECT %(queue)s::text)
       AND s.scheduled_at <= now()
-      AND s.kind = ANY(%(kinds)s::text[])
+      AND s.kind = ANY((SELECT %(kinds)s::text[])::text[])
       -- a fan-out node is the scanner's, never a worker's
       AND s.fan_out_parallel IS NULL
       -- OFFSET 0: a primary-key probe per row, never a hash of every run
-      AND (cardinality(%(foreign)s::text[]) = 0 OR NOT EXISTS (
+      AND (cardinality((SELECT %(foreign)s::text[])) = 0 OR NOT EXISTS (
               SELECT 1
               FROM cyclone_runs f
               WHERE f.id = s.run_id
-                AND f.def_version = ANY(%(foreign)s::text[])
+                AND f.def_version = ANY((SELECT %(foreign)s::text[])::text[])
               OFFSET 0))
       AND (s.sequence_key IS NULL OR NOT EXISTS (
               SELECT 1
@@ -222,7 +227,7 @@ SET state = 'running',
     lease_generation = s.lease_generation + 1,
     timeout = coalesce(s.timeout, k.timeout_us * interval '1 microsecond')
 FROM runnable c,
-     unnest(%(kinds)s::text[], %(timeouts_us)s::bigint[]) AS k (kind, timeout_us)
+     unnest((SELECT %(kinds)s::text[]), (SELECT %(timeouts_us)s::bigint[])) AS k (kind, timeout_us)
 WHERE s.id = c.id
   AND s.state = c.state
   AND k.kind = s.kind
@@ -234,18 +239,6 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
               SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
               FROM cyclone_step_inputs i
               WHERE i.run_id = s.run_id AND i.node = s.node) END AS bindings;
-
-
--- name: steps_claim_plan
--- The first statement of a claim's transaction: the prepared claim runs on its generic
--- plan, planned once per connection and claim limit. PostgreSQL would otherwise plan
--- the claim afresh on every call (close to half of its server time): a generic plan
--- priced with default selectivities always looks dearer than a custom one. The claim's
--- shape keeps its generic plan on its indexes whatever the statistics (a constant
--- LIMIT, primary-key probes; tests/db/test_history_plans.py). Behind a transaction
--- pooler nothing is prepared and this changes nothing. Transaction-local: gone at the
--- COMMIT, never a session setting.
-SET LOCAL plan_cache_mode = force_generic_plan;
 
 
 -- name: steps_sequence_lock
