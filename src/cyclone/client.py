@@ -701,26 +701,22 @@ class Client:
     async def _enqueue_one(
         self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest
     ) -> Enqueued:
-        """Insert one run without keys in its own transaction, in one round trip.
+        """Insert one run without keys in its own transaction: one statement.
 
-        At the leading edge of the queue's wakeup window the NOTIFY goes in the same
-        transaction, right after the insert (one pipeline, or one message behind a
-        transaction pooler): the commit delivers it, and no statement follows the
-        commit. Inside the window the publisher sends the trailing wakeup. A role that
-        may not NOTIFY gets the whole transaction refused (nothing is written): the
-        enqueue is sent again alone, and this client leaves every wakeup to the
-        publisher from then on, which logs that it fails.
+        At the leading edge of the queue's wakeup window the statement carries the
+        NOTIFY too (``steps_enqueue_woken``): the commit delivers it, and nothing is
+        sent after the commit. Inside the window the publisher sends the trailing
+        wakeup. A role that may not NOTIFY gets that statement refused before it writes
+        anything: the enqueue is sent again without the wakeup, and this client leaves
+        every wakeup to the publisher from then on, which logs that it fails.
         """
         assert self._publisher is not None
-        stmts = [enqueue_stmt(request)]
         wake = self._publisher.lead(request.queue) if self._inline_wakeups else None
+        stmt = enqueue_stmt(request)
         if wake is not None:
-            stmts.append(Stmt(Q.notify_available, {"payload": wake}))
+            stmt = Stmt(Q.steps_enqueue_woken, {**request.params, "wake": wake})
         try:
-            if len(stmts) == 1:
-                rows = await fetch_async(conn, stmts[0])
-            else:
-                rows = (await batch_async(conn, stmts, transaction=False))[0]
+            rows = await fetch_async(conn, stmt)
         except psycopg.errors.InsufficientPrivilege:
             if wake is None:
                 raise

@@ -130,3 +130,12 @@ def test_a_transactional_batch_ends_with_its_commit() -> None:
         assert query.startswith("BEGIN")
         assert query.endswith("COMMIT")
         assert "pg_notify" not in query
+
+
+def test_the_woken_enqueue_is_the_enqueue_with_its_notify() -> None:
+    """steps_enqueue_woken repeats steps_enqueue up to its last SELECT, so that the two
+    cannot drift apart; only the wakeup is added."""
+    last = "SELECT step.id AS step_id, step.run_id"
+    head = Q.steps_enqueue[: Q.steps_enqueue.rindex(last)]
+    assert Q.steps_enqueue_woken.startswith(head + last)
+    assert "pg_notify" in Q.steps_enqueue_woken and "pg_notify" not in Q.steps_enqueue

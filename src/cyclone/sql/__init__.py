@@ -51,6 +51,7 @@ class Queries:
 
     # steps.sql
     steps_enqueue: LiteralString
+    steps_enqueue_woken: LiteralString
     steps_find_unique: LiteralString
     steps_enqueue_many: LiteralString
     steps_enqueue_keyed: LiteralString
