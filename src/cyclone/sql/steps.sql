@@ -14,8 +14,11 @@
 -- in a form the planner cannot match against a partial index on state (idx_steps_lease,
 -- idx_steps_claim) or lead with in idx_runs_state_id. With statistics taken while
 -- nothing ran, those indexes look empty, and a guard written plainly lets the planner
--- read every running step or run there instead of the one row by its key; the plan
--- test (tests/db/test_history_plans.py) holds every hot statement to this.
+-- read every running step or run there instead of the one row by its key. A batch of
+-- rows named by id (a completion batch) also names them as "s.id = ANY(ARRAY(...))":
+-- an array the planner prices at a few rows, so that it never hashes a scan of the
+-- whole table for them. The plan test (tests/db/test_history_plans.py) holds every hot
+-- statement to this.
 
 
 -- name: steps_enqueue
@@ -395,7 +398,8 @@ WITH v AS (
         lease_owner = NULL,
         lease_expiry = NULL
     FROM v
-    WHERE s.id = v.id
+    WHERE s.id = ANY(ARRAY(SELECT id FROM v))
+      AND s.id = v.id
       AND (s.state = 'running') IS TRUE
       AND s.lease_owner = v.owner
       AND s.lease_generation = v.generation
@@ -454,7 +458,8 @@ WITH v AS (
         lease_owner = NULL,
         lease_expiry = NULL
     FROM v
-    WHERE s.id = v.id
+    WHERE s.id = ANY(ARRAY(SELECT id FROM v))
+      AND s.id = v.id
       AND ((v.waiting IS NULL
             AND (s.state = 'running') IS TRUE
             AND s.lease_owner = v.owner
