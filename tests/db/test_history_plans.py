@@ -346,3 +346,20 @@ def test_plan_json_is_what_the_probe_walks(busy: str) -> None:
     with psycopg.connect(busy, autocommit=True) as conn:
         plan = explain(conn, Stmt(Q.runs_get, {"run_id": 1}), generic=True)
     assert json.dumps(plan)
+
+
+def test_a_purge_pass_is_never_jit_compiled(busy: str) -> None:
+    """The purge's plan is priced for the history it might walk, above jit_above_cost:
+    its transaction turns JIT off first (runs_purge_plan), which compiling it on every
+    pass would otherwise cost more than the pass itself."""
+    with psycopg.connect(busy, autocommit=True) as conn:
+        if not conn.execute("SELECT pg_jit_available()").fetchone()[0]:  # type: ignore[index]
+            pytest.skip("this server has no JIT")
+        stmt = Stmt(Q.runs_purge, {"limit": 500})
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET LOCAL jit_above_cost = 0")  # any plan would be compiled
+            conn.execute(Q.runs_purge_plan)
+            row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + stmt.sql.encode(), stmt.params)
+            plan = row.fetchone()
+        assert plan is not None
+        assert "JIT" not in plan[0][0]

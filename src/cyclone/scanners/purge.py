@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.dbio import Stmt, batch_async, batch_sync
 from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
@@ -36,10 +36,14 @@ PASS_BATCHES = 20
 """Batches one background pass runs before it gives its connection back."""
 
 
-def _stmt(older_than: float | None, batch: int) -> Stmt:
+def _stmts(older_than: float | None, batch: int) -> list[Stmt]:
+    """One purge transaction's statements: no JIT for it (``runs_purge_plan``), then the
+    delete of one batch."""
     if older_than is None:
-        return Stmt(Q.runs_purge, {"limit": batch})
-    return Stmt(Q.runs_purge_older, {"older_than_us": micros(older_than), "limit": batch})
+        purge = Stmt(Q.runs_purge, {"limit": batch})
+    else:
+        purge = Stmt(Q.runs_purge_older, {"older_than_us": micros(older_than), "limit": batch})
+    return [Stmt(Q.runs_purge_plan), purge]
 
 
 async def purge_async(
@@ -62,7 +66,8 @@ async def purge_async(
     done = 0
     while max_batches is None or done < max_batches:
         async with conn.transaction():
-            deleted = len(await fetch_async(conn, _stmt(older_than, batch)))
+            rows = await batch_async(conn, _stmts(older_than, batch), transaction=False)
+            deleted = len(rows[-1])
         total += deleted
         done += 1
         if deleted < batch:
@@ -80,7 +85,7 @@ def purge_sync(
     total = 0
     while True:
         with conn.transaction():
-            deleted = len(fetch_sync(conn, _stmt(older_than, batch)))
+            deleted = len(batch_sync(conn, _stmts(older_than, batch), transaction=False)[-1])
         total += deleted
         if deleted < batch:
             return total

@@ -100,6 +100,7 @@ class Queries:
     runs_cancel_children: LiteralString
     runs_get: LiteralString
     runs_list: LiteralString
+    runs_purge_plan: LiteralString
     runs_purge: LiteralString
     runs_purge_older: LiteralString
     # signals.sql
