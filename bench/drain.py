@@ -109,15 +109,20 @@ async def fill_backlog(dsn: str, jobs: int, *, reset: bool = True, settle: bool 
     return took
 
 
-async def count_completed(conn: psycopg.AsyncConnection[Any], above_id: int = 0) -> int:
-    """Runs in state ``completed`` whose id is above ``above_id``.
+async def count_completed(
+    conn: psycopg.AsyncConnection[Any], above_id: int = 0, span: int | None = None
+) -> int:
+    """Runs in state ``completed`` whose id is above ``above_id`` (and at most ``span``
+    above it).
 
-    Polled many times a second during a drain, so it reads only the runs above
-    ``above_id`` (the backlog, by primary key), never the retained history: a count of
-    every completed run would cost the server more than the drain it watches.
+    Polled many times a second during a drain, so it reads only the backlog's runs, by
+    primary key, never the retained history: a count of every completed run cost the
+    server more than the drain it watched. The closed range keeps the planner on the
+    primary key even with stale statistics.
     """
     cur = await conn.execute(
-        "SELECT count(*) FROM cyclone_runs WHERE id > %s AND state = 'completed'", [above_id]
+        "SELECT count(*) FROM cyclone_runs WHERE id > %s AND id <= %s AND state = 'completed'",
+        [above_id, above_id + span if span is not None else 2**62],
     )
     row = await cur.fetchone()
     assert row is not None
@@ -176,7 +181,8 @@ async def wait_completed(
             (``time.perf_counter()``).
     """
     jobs, timeout = options.jobs, options.worker_timeout
-    while (completed := await count_completed(conn, above_id) - before) < jobs:
+    span = jobs if above_id else None
+    while (completed := await count_completed(conn, above_id, span) - before) < jobs:
         if not fleet.alive():
             raise RuntimeError("a worker process died; see its output above")
         if time.perf_counter() - began > timeout:
