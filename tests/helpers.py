@@ -17,6 +17,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from cyclone.transitions import Claimed
+
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
@@ -119,3 +121,35 @@ def kill(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
         proc.send_signal(sig)
     if sig == signal.SIGKILL:
         proc.wait(timeout=30)
+
+
+def held_step(
+    step_id: int,
+    run_id: int,
+    *,
+    owner: str = "w/1",
+    generation: int = 1,
+    node: str = "k",
+    kind: str = "k",
+    def_version: str = "job",
+    workflow: str = "k",
+    queue: str = "default",
+) -> Claimed:
+    """A :class:`Claimed` record of a step a test put in ``running`` by hand, as a worker
+    that claimed it as ``owner`` with lease ``generation`` would hold it."""
+    return Claimed(
+        id=step_id,
+        run_id=run_id,
+        node=node,
+        kind=kind,
+        input=None,
+        attempt=0,
+        max_attempts=5,
+        generation=generation,
+        timeout=None,
+        sequence_key=None,
+        workflow=workflow,
+        def_version=def_version,
+        queue=queue,
+        owner=owner,
+    )

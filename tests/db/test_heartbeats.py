@@ -15,6 +15,7 @@ import psycopg
 
 from cyclone.dbio import fetch_sync, pin_search_path, text_array
 from cyclone.transitions import Claimed, heartbeat_stmt, parse_heartbeat
+from tests.helpers import held_step
 
 ODD_OWNER = 'host:1:{a,b} "NULL"\\x/7'
 """A lease owner with every character an array literal treats specially."""
@@ -36,22 +37,7 @@ def _running(db: psycopg.Connection[Any], owner: str, *, timeout: str | None = N
         (owner, timeout),
     ).fetchone()
     assert row is not None
-    return Claimed(
-        id=row[0],
-        run_id=row[1],
-        node="k",
-        kind="k",
-        input=None,
-        attempt=0,
-        max_attempts=5,
-        generation=1,
-        timeout=None,
-        sequence_key=None,
-        workflow="k",
-        def_version="job",
-        queue="default",
-        owner=owner,
-    )
+    return held_step(row[0], row[1], owner=owner)
 
 
 def _expiry(db: psycopg.Connection[Any], step: Claimed) -> datetime:

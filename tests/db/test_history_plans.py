@@ -42,6 +42,7 @@ from cyclone.transitions import (
     release_stmt,
 )
 from tests.conftest import create_database, database_dsn, drop_database
+from tests.helpers import held_step
 
 HISTORY = 100_000
 BACKLOG = 3_000
@@ -244,21 +245,13 @@ def _held(conn: psycopg.Connection[Any], where: str, limit: int = 10) -> list[Cl
         f" WHERE s.state = 'running' AND {where} ORDER BY s.id LIMIT {limit}"
     ).fetchall()
     return [
-        Claimed(
-            id=row[0],
-            run_id=row[1],
+        held_step(
+            row[0],
+            row[1],
             node=row[2],
             kind="hot",
-            input=None,
-            attempt=0,
-            max_attempts=5,
-            generation=1,
-            timeout=None,
-            sequence_key=None,
             workflow="chain" if row[3] != "job" else "hot",
             def_version=row[3],
-            queue="default",
-            owner="w/1",
         )
         for row in rows
     ]

@@ -16,7 +16,8 @@ import pytest
 
 from cyclone.dbio import Stmt
 from cyclone.sql import Q
-from cyclone.transitions import Claimed, claim_stmt, heartbeat_stmt
+from cyclone.transitions import claim_stmt, heartbeat_stmt
+from tests.helpers import held_step
 
 
 @pytest.fixture
@@ -73,25 +74,7 @@ def test_heartbeat_reads_held_steps_by_primary_key(loaded: psycopg.Connection[An
     rows = loaded.execute(
         "SELECT id, run_id FROM cyclone_steps WHERE state = 'running' ORDER BY id LIMIT 200"
     ).fetchall()
-    held = [
-        Claimed(
-            id=step_id,
-            run_id=run_id,
-            node="k",
-            kind="k",
-            input=None,
-            attempt=0,
-            max_attempts=5,
-            generation=0,
-            timeout=None,
-            sequence_key=None,
-            workflow="k",
-            def_version="job",
-            queue="q1",
-            owner="w/1",
-        )
-        for step_id, run_id in rows
-    ]
+    held = [held_step(step_id, run_id, generation=0, queue="q1") for step_id, run_id in rows]
     text = plan(loaded, heartbeat_stmt(held, ttl=30))
     assert "cyclone_steps_pkey" in text
     assert "Seq Scan" not in text
