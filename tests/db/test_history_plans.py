@@ -304,6 +304,18 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         "outputs": lambda: [Stmt(Q.steps_outputs, {"run_ids": [chain[0].run_id], "nodes": ["n0"]})],
         "expand": lambda: [expand_stmt({s.run_id for s in chain})],
         "purge": lambda: [Stmt(Q.runs_purge, {"limit": 500})],
+        # the wait scanner's passes, several a second on an idle worker
+        **{
+            name: (lambda sql=getattr(Q, name): [Stmt(sql, {"limit": 100})])
+            for name in (
+                "steps_timers_due",
+                "steps_signal_timeouts_due",
+                "steps_fan_outs_lock",
+                "steps_children_to_start",
+                "steps_children_done",
+                "steps_orphaned_children",
+            )
+        },
     }
 
 

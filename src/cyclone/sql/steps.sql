@@ -819,7 +819,7 @@ WHERE r.id IN (
     JOIN cyclone_runs fr ON fr.id = f.run_id
     WHERE f.fan_out_parallel IS NOT NULL
       AND f.state = 'pending'
-      AND fr.state = 'running'
+      AND (fr.state = 'running') IS TRUE
       AND NOT EXISTS (
           SELECT 1
           FROM cyclone_deps d
@@ -827,7 +827,7 @@ WHERE r.id IN (
           WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
     ORDER BY f.id
     LIMIT %(limit)s)
-  AND r.state = 'running'
+  AND (r.state = 'running') IS TRUE
 ORDER BY r.id
 FOR UPDATE SKIP LOCKED;
 
@@ -940,7 +940,7 @@ SELECT s.id, s.run_id, s.node, r.def_version, coalesce(s.input, r.input) AS inpu
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 WHERE s.state = 'waiting_child'
-  AND r.state = 'running'
+  AND (r.state = 'running') IS TRUE
   AND NOT EXISTS (
       SELECT 1 FROM cyclone_runs c
       WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
@@ -962,8 +962,8 @@ FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 JOIN cyclone_runs c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
 WHERE s.state = 'waiting_child'
-  AND r.state = 'running'
-  AND c.state IN ('completed', 'failed', 'cancelled')
+  AND (r.state = 'running') IS TRUE
+  AND (c.state IN ('completed', 'failed', 'cancelled')) IS TRUE
 ORDER BY s.id
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED;
@@ -989,10 +989,17 @@ RETURNING id;
 -- whose parent run is terminal, or whose parent run is gone (purged). The scanner
 -- locks each parent and cancels its children with runs_cancel_children, which
 -- rechecks all of this under the lock.
+-- The parent run and its child node are probed by key for each active child run
+-- (LATERAL ... OFFSET 0), never joined by a hash over every run and step kept.
 SELECT DISTINCT c.parent_run_id
 FROM cyclone_runs c
-LEFT JOIN cyclone_runs p ON p.id = c.parent_run_id
-LEFT JOIN cyclone_steps s ON s.run_id = c.parent_run_id AND s.node = c.parent_node_id
+LEFT JOIN LATERAL (
+    SELECT p.id, p.state FROM cyclone_runs p WHERE p.id = c.parent_run_id OFFSET 0) p ON true
+LEFT JOIN LATERAL (
+    SELECT s.state
+    FROM cyclone_steps s
+    WHERE s.run_id = c.parent_run_id AND s.node = c.parent_node_id
+    OFFSET 0) s ON true
 WHERE c.parent_run_id IS NOT NULL
   AND c.state IN ('running', 'paused')
   AND (p.id IS NULL
