@@ -271,6 +271,21 @@ def _request(many: bool) -> EnqueueRequest:
     )
 
 
+_SCANNER_STATEMENTS = (
+    "steps_timers_due",
+    "steps_signal_timeouts_due",
+    "steps_fan_outs_lock",
+    "steps_children_to_start",
+    "steps_children_done",
+    "steps_orphaned_children",
+)
+
+
+def _scanner(name: str) -> Callable[[], list[Stmt]]:
+    sql = getattr(Q, name)
+    return lambda: [Stmt(sql, {"limit": 100})]
+
+
 def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[Stmt]]]:
     jobs = _held(conn, "r.def_version = 'job'")
     chain = _held(conn, "r.def_version <> 'job'", limit=3)
@@ -305,17 +320,7 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         "expand": lambda: [expand_stmt({s.run_id for s in chain})],
         "purge": lambda: [Stmt(Q.runs_purge, {"limit": 500})],
         # the wait scanner's passes, several a second on an idle worker
-        **{
-            name: (lambda sql=getattr(Q, name): [Stmt(sql, {"limit": 100})])
-            for name in (
-                "steps_timers_due",
-                "steps_signal_timeouts_due",
-                "steps_fan_outs_lock",
-                "steps_children_to_start",
-                "steps_children_done",
-                "steps_orphaned_children",
-            )
-        },
+        **{name: _scanner(name) for name in _SCANNER_STATEMENTS},
     }
 
 
