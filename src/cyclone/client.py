@@ -722,12 +722,14 @@ class Client:
                 raise
             if not conn.autocommit:
                 await conn.rollback()
+            # alone: raises the refusal again when it was not about the NOTIFY
+            rows = await fetch_async(conn, enqueue_stmt(request))
             self._inline_wakeups = False
             log.warning("this role may not NOTIFY: enqueues no longer carry their wakeup")
-            return await self._enqueue_one(conn, request)
+            wake = None
         if not conn.autocommit:
             await conn.commit()
-        if wake is None and not self._inline_wakeups:
+        if wake is None:  # inside the window, or no inline wakeups: after the commit
             self._announce(request.queue)
         return enqueued_from_rows(rows)[0]
 

@@ -16,7 +16,8 @@ query with parameters bound by psycopg's client cursor. With ``transaction=True`
 ``BEGIN; ...; COMMIT`` on an autocommit connection. Nothing follows the ``COMMIT``:
 psycopg raises for the whole batch when any statement in it fails, so a statement after
 the commit could turn committed work into an error for the caller. Wakeups go out
-afterwards, on their own (:mod:`cyclone.notify`), and their failure is only logged.
+afterwards, on their own (:mod:`cyclone.notify`), and their failure is only logged (an
+enqueue's leading-edge wakeup is part of its statement instead).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Wakeups: publishing NOTIFY after commit, and the one LISTEN connection per client.
+"""Wakeups: publishing NOTIFY, and the one LISTEN connection per client.
 
 engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
 
@@ -7,11 +7,13 @@ engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
 * ``cyclone_run_done``, payload ``{"runs": [<id>, ...]}``: runs became terminal; wakes
   ``wait``. A client listens to it only while one of its waits is pending.
 
-A notification is always sent in its own transaction after the work it announces has
-committed, never inside it, and never in the same message as that work's ``COMMIT``:
-a NOTIFY that fails (no right to ``pg_notify``, an I/O error on the notification queue)
-is logged and nothing else, so a caller never sees an error raised after its transaction
-committed. Publication is best effort: polling at ``poll_interval`` is the correctness
+A notification is sent in its own transaction after the work it announces has committed,
+never in the same message as that work's ``COMMIT``: a NOTIFY that fails (no right to
+``pg_notify``, an I/O error on the notification queue) is logged and nothing else, so a
+caller never sees an error raised after its transaction committed. The one exception is
+an enqueue at the leading edge of its queue's window (:meth:`Publisher.lead`), whose own
+statement carries the NOTIFY, delivered by its commit: if it fails, nothing committed.
+Publication is best effort: polling at ``poll_interval`` is the correctness
 floor, so a lost or failed NOTIFY delays work by one poll, never loses it.
 """
 
@@ -129,8 +131,9 @@ class Publisher:
     ``coalesce`` seconds is the window. A queue not announced within the last window is
     announced at once (the leading edge: the task sends it as soon as it is asked);
     requests inside the window fold into one wakeup at its end (the trailing edge).
-    Callers ask only after the commit of what they announce, so every NOTIFY follows
-    that commit, on a connection of the task's own. A lone enqueue therefore wakes
+    Callers ask only after the commit of what they announce, so every NOTIFY the task
+    sends follows that commit, on a connection of its own (an enqueue at the leading
+    edge sends its own, inside its statement: :meth:`lead`). A lone enqueue therefore wakes
     workers at once, and a busy producer sends a few NOTIFYs per window instead of one
     per job. Requests that arrive while a NOTIFY is in flight also fold into the next
     one. :meth:`available` and :meth:`run_done` never block and never fail; a NOTIFY
@@ -179,14 +182,13 @@ class Publisher:
 
         At the leading edge of the queue's window the wakeup is the caller's (marked sent
         now): one statement carries the work and its NOTIFY, which the commit delivers.
-        Inside the window the wakeup folds into the trailing one, scheduled here; a
-        caller whose transaction then fails has only cost the workers an early look.
+        Inside the window the caller asks :meth:`available` after its commit, as every
+        caller does, and the wakeup folds into the trailing one.
         """
         now = asyncio.get_running_loop().time()
         if self._last.get(queue, -math.inf) + self._coalesce - now <= 0:
             self._last[queue] = now
             return available_payload(queue)
-        self.available((queue,))
         return None
 
     def _window_over(self) -> None:
@@ -368,7 +370,7 @@ class Listener:
         moves that moment). Notifications that arrive while a LISTEN or UNLISTEN runs
         wait in psycopg's backlog for the next read."""
         try:
-            async with asyncio.timeout(self._change_at()) as reading:
+            async with asyncio.timeout_at(self._change_at()) as reading:
                 self._reading = reading
                 try:
                     async for note in conn.notifies():

@@ -67,7 +67,6 @@ MAX_FOREIGN_VERSIONS = 1000
 MAX_CLAIM_BATCH = 1000
 """Most steps one claim statement takes, whatever the free slots (and the highest
 ``claim_batch`` a client accepts): a queue with more free slots claims again at once."""
-"""Foreign def_versions a worker remembers (and its claim skips)."""
 
 
 @dataclass(frozen=True, slots=True)
