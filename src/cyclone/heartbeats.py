@@ -1,8 +1,8 @@
 """Heartbeats: one ticker per worker renews every lease it holds, one statement a tick.
 
-engine-design, Leases and Heartbeats. A lease's renewal falls due TTL/3 after its claim
-or its last renewal (the moment the renewing statement was sent, a little before the
-database's ``now()`` that set the new expiry). The ticker sleeps until the earliest
+A lease's renewal falls due TTL/3 after its claim or its last renewal (the moment the
+renewing statement was sent, a little before the database's ``now()`` that set the new
+expiry). The ticker sleeps until the earliest
 renewal due, then renews, in one statement (``steps_heartbeat``), every lease due
 within the next tick of TTL/6. Hence:
 

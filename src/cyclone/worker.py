@@ -2,7 +2,7 @@
 
 engine-design, The Claiming Algorithm and Leases and Heartbeats. Each queue has its own
 claim loop and number of slots. A loop claims as many steps as it has free slots (up to
-``claim_limit``) in one statement, runs each handler in its own task, renews every
+``claim_batch``) in one statement, runs each handler in its own task, renews every
 held lease from one heartbeat ticker (:mod:`cyclone.heartbeats`: one statement a tick
 for all the leases due), and records the outcome with a CAS on state, owner and lease
 generation:
@@ -42,7 +42,7 @@ from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.scanners.waits import MARKS
-from cyclone.sql import Q, claim_limit
+from cyclone.sql import CLAIM_LIMITS, Q, claim_limit
 from cyclone.transitions import (
     FAILURE_CAS,
     Claimed,
@@ -64,7 +64,7 @@ log = logging.getLogger("cyclone.worker")
 
 MAX_FOREIGN_VERSIONS = 1000
 """Foreign def_versions a worker remembers (and its claim skips)."""
-MAX_CLAIM_BATCH = 1000
+MAX_CLAIM_BATCH = CLAIM_LIMITS[-1]
 """Most steps one claim statement takes, whatever the free slots (and the highest
 ``claim_batch`` a client accepts): a queue with more free slots claims again at once."""
 
@@ -86,7 +86,7 @@ class WorkerSettings:
     pinned_search_path: bool = False
 
     @property
-    def claim_limit(self) -> int:
+    def claim_cap(self) -> int:
         """The most steps one claim statement takes."""
         return min(self.claim_batch or MAX_CLAIM_BATCH, MAX_CLAIM_BATCH)
 
@@ -158,7 +158,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
             pool,
-            batch=min(MAX_BATCH, max(10, settings.claim_limit)),
+            batch=min(MAX_BATCH, max(10, settings.claim_cap)),
             woken=self._woken,
             ended=publisher.run_done,
         )
@@ -268,7 +268,7 @@ class Worker:
                 queue.freed.clear()
                 await queue.freed.wait()
                 continue
-            limit = claim_limit(min(free, settings.claim_limit))
+            limit = claim_limit(min(free, settings.claim_cap))
             queue.wake.clear()
             try:
                 self.claims += 1

@@ -317,7 +317,7 @@ RETURNING s.id;
 
 
 -- name: steps_heartbeat
--- engine-design, Leases and Heartbeats: renew the leases of held steps, every renewal a
+-- Leases and heartbeats: renew the leases of held steps, every renewal a
 -- client has due in one statement per heartbeat tick. %(ids)s, %(owners)s and
 -- %(generations)s are aligned array literals (one text parameter each). Each row keeps
 -- its own guard (state, owner, generation); the timeout clause makes the per-step
