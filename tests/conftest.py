@@ -6,7 +6,10 @@ The server is, in order: ``$CYCLONE_TEST_DSN`` (an admin DSN), the local server 
 
 A migrated template database is made once per session; each test that asks for
 ``dsn`` gets its own database cloned from it (real commits, LISTEN/NOTIFY work) and
-dropped afterwards. Nothing depends on state left by an earlier run.
+dropped afterwards. Nothing depends on state left by an earlier run. The template holds
+the test-only transition guard (:mod:`tests.guard`): in every cloned database a state
+change that the transition tables do not list, or a row that breaks a state invariant,
+makes its statement fail.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import cyclone
 from cyclone.devserver import DevServer, find_server
 from cyclone.errors import ConfigurationError
+from tests import guard
 
 
 def _find_server() -> DevServer:
@@ -72,9 +76,12 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 @pytest.fixture(scope="session")
 def template_db(admin_dsn: str) -> Iterator[str]:
-    """A migrated database that per-test databases are cloned from."""
+    """A migrated database that per-test databases are cloned from, with the
+    transition guard of :mod:`tests.guard` (every clone enforces the state tables)."""
     name = create_database(admin_dsn)
     cyclone.migrate(database_dsn(admin_dsn, name))
+    with psycopg.connect(database_dsn(admin_dsn, name)) as conn:
+        guard.install(conn)
     yield name
     drop_database(admin_dsn, name)
 

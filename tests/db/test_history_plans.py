@@ -43,6 +43,8 @@ from cyclone.transitions import (
 from tests.conftest import create_database, database_dsn, drop_database
 from tests.helpers import held_step
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (make test-fast)
+
 HISTORY = 100_000
 BACKLOG = 3_000
 RUNNING = 1_500

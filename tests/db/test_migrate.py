@@ -31,6 +31,7 @@ from psycopg import errors, sql
 
 import cyclone
 from cyclone.migrate import available_migrations
+from tests import guard
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -387,6 +388,14 @@ def schema_indexes() -> dict[str, Index]:
 # ---------------------------------------------------------------------------------------
 
 Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def db(db: Conn) -> Conn:
+    """The test's database without the transition guard: these tests probe the bare
+    schema with rows written by hand, in states no engine move produces."""
+    guard.disable(db)
+    return db
 
 
 def _relations(conn: Conn, schema: str, kind: str) -> set[str]:

@@ -25,12 +25,14 @@ def loaded(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     db.execute(
         """
         WITH r AS (
-            INSERT INTO cyclone_runs (workflow, def_version, state)
-            SELECT 'k', 'job', CASE WHEN g % 10 = 0 THEN 'running' ELSE 'completed' END
+            INSERT INTO cyclone_runs (workflow, def_version, state, finished_at)
+            SELECT 'k', 'job', CASE WHEN g % 10 = 0 THEN 'running' ELSE 'completed' END,
+                   CASE WHEN g % 10 <> 0 THEN now() END
             FROM generate_series(1, 20000) g
             RETURNING id)
         INSERT INTO cyclone_steps (run_id, node, kind, state, queue, lease_expiry, timeout,
-                                   started_at, unique_key, sequence_key)
+                                   started_at, unique_key, sequence_key, lease_owner,
+                                   completed_at)
         SELECT id, 'k', 'k',
                CASE WHEN id % 10 = 1 THEN 'running'
                     WHEN id % 10 = 2 THEN 'completed' ELSE 'available' END,
@@ -39,7 +41,9 @@ def loaded(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
                CASE WHEN id % 20 = 1 THEN interval '1 minute' END,
                now(),
                'u' || id,
-               CASE WHEN id % 3 = 0 THEN 's' || (id % 50) END
+               CASE WHEN id % 3 = 0 THEN 's' || (id % 50) END,
+               CASE WHEN id % 10 = 1 THEN 'w' END,
+               CASE WHEN id % 10 = 2 THEN now() END
         FROM r
         """
     )
@@ -100,8 +104,9 @@ def dag_loaded(loaded: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
             SELECT 'chain', 'v1', 'n19' FROM generate_series(1, 1000)
             RETURNING id),
         s AS (
-            INSERT INTO cyclone_steps (run_id, node, kind, state)
-            SELECT r.id, 'n' || g, 'k', CASE WHEN g = 0 THEN 'running' ELSE 'pending' END
+            INSERT INTO cyclone_steps (run_id, node, kind, state, lease_owner)
+            SELECT r.id, 'n' || g, 'k', CASE WHEN g = 0 THEN 'running' ELSE 'pending' END,
+                   CASE WHEN g = 0 THEN 'w' END
             FROM r, generate_series(0, 19) g)
         INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)
         SELECT r.id, 'n' || g, 'n' || (g - 1), 'data'

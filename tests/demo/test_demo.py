@@ -23,6 +23,8 @@ import pytest
 from cyclone.demo import data
 from tests.helpers import ROOT, poll_until, scalar
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (make test-fast)
+
 
 def demo_command(dsn: str, out: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "cyclone", "demo", "--dsn", dsn, "--out", str(out), *args]

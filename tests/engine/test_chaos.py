@@ -23,6 +23,7 @@ from tests.throwaway import ThrowawayServer, available
 
 pytestmark = [
     pytest.mark.chaos,
+    pytest.mark.slow,
     pytest.mark.skipif(not available(), reason="no initdb/pg_ctl to make a throwaway server"),
 ]
 

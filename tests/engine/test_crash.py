@@ -20,6 +20,8 @@ from cyclone.dbio import fetch_sync
 from cyclone.transitions import claim_stmt
 from tests.helpers import kill, poll_until, scalar, start_worker
 
+pytestmark = pytest.mark.slow  # left out of the fast tier (make test-fast)
+
 
 def _ledger_tables(db: psycopg.Connection[Any]) -> None:
     # No unique constraint: a duplicate commit would show as a second row.

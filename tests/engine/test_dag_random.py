@@ -9,12 +9,15 @@ import signal
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import cyclone
 from tests.apps.dag import build, node_id
 from tests.helpers import kill, poll_until, scalar, start_worker
+
+pytestmark = pytest.mark.slow  # left out of the fast tier (make test-fast)
 
 NODES = 200
 _names = itertools.count()

@@ -38,6 +38,7 @@ from tests.throwaway import ThrowawayServer, available
 
 pytestmark = [
     pytest.mark.chaos,
+    pytest.mark.slow,
     pytest.mark.skipif(not available(), reason="no initdb/pg_ctl to make a throwaway server"),
     pytest.mark.skipif(
         not netns.available(), reason="network namespaces need root, `ip` and `sysctl`"

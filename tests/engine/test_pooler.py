@@ -26,7 +26,10 @@ from tests.engine.test_timeouts import timed_out_sync_handler_loses_its_transact
 from tests.helpers import ROOT, kill, poll_until, scalar, start_worker, worker_log
 from tests.pgbouncer import PgBouncer, available
 
-pytestmark = pytest.mark.skipif(not available(), reason="no pgbouncer binary (apt pgbouncer)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not available(), reason="no pgbouncer binary (apt pgbouncer)"),
+]
 
 Conn = psycopg.Connection[Any]
 

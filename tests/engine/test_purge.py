@@ -200,9 +200,9 @@ def test_purge_never_deletes_a_run_with_an_active_descendant(
         "(3, 'leaf', 'v3', 'running', NULL, 2, 'leaf')"
     )
     db.execute(
-        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES "
-        "(1, 'middle', '@child', 'discarded'), (2, 'leaf', '@child', 'cancelled'), "
-        "(3, 'work', 'k', 'running')"
+        "INSERT INTO cyclone_steps (run_id, node, kind, state, completed_at, lease_owner)"
+        " VALUES (1, 'middle', '@child', 'discarded', now(), NULL),"
+        " (2, 'leaf', '@child', 'cancelled', now(), NULL), (3, 'work', 'k', 'running', NULL, 'w')"
     )
     with cyclone.SyncClient(dsn) as c:
         assert c.purge(older_than=0) == 0

@@ -16,9 +16,10 @@ import cyclone
 from tests.helpers import apoll_until, poll_until
 from tests.throwaway import ThrowawayServer, available
 
-pytestmark = pytest.mark.skipif(
-    not available(), reason="no initdb/pg_ctl to make a throwaway server"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not available(), reason="no initdb/pg_ctl to make a throwaway server"),
+]
 
 
 @pytest.fixture
