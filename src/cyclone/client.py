@@ -1,9 +1,11 @@
 """``Client`` (asyncio): producer and inspection calls, and the engine when started.
 
-python-api.md, Client. A client built with handlers runs workers when started
-(``async with client:``): one claim loop per queue, the recovery sweep and the LISTEN
-connection. A client with no handlers never claims or scans; it only enqueues and
-inspects. Connections (decisions.md, Connections and pools):
+python-api.md, Client. A client built with handlers runs an engine when started
+(``async with client:``, :class:`cyclone.engine.Engine`): one claim loop per queue, the
+recovery sweep and the other background passes; the client itself keeps the producer
+and inspection calls, the publisher and the LISTEN connection. A client with no
+handlers never claims or scans; it only enqueues and inspects. Connections
+(decisions.md, Connections and pools):
 
 * the lease pool, 2 autocommit connections for claims and heartbeats only, so that they
   never wait behind completions, the sweep or producer calls;
@@ -28,9 +30,8 @@ from datetime import timedelta
 from typing import Any, Self, TypeVar, Unpack
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool
 
-from cyclone.completion import TxSlots
 from cyclone.config import KEEP, ClientConfig, WakeupTracker, list_runs_params
 from cyclone.connections import (
     DEFAULT_TCP_USER_TIMEOUT,
@@ -46,6 +47,7 @@ from cyclone.dbio import (
     fetch_dicts_async,
     run_plan_async,
 )
+from cyclone.engine import LEASE_CONNECTIONS, Engine, EngineSettings
 from cyclone.errors import (
     NotFoundError,
     PoolTooSmallError,
@@ -86,7 +88,7 @@ from cyclone.transitions import (
     resume_stmts,
     retry_plan,
 )
-from cyclone.worker import MAX_CLAIM_BATCH, Worker, WorkerSettings
+from cyclone.worker import MAX_CLAIM_BATCH, Worker
 from cyclone.workflow import Workflow
 
 __all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "MAX_SLOTS", "Client"]
@@ -96,17 +98,12 @@ T = TypeVar("T")
 
 ENGINE_RESERVE = 6
 """Connections kept for the engine: the lease pool, the engine pool and LISTEN."""
-LEASE_CONNECTIONS = 2
-"""Connections of the lease pool (claims and heartbeats)."""
 DEFAULT_SLOTS = 100
 """Worker slots of each queue of the registered kinds when ``queues`` is not given."""
 DEFAULT_TX_SLOTS = 20
 """Most completion transactions a client opens at once when ``tx_slots`` is not given."""
 MAX_SLOTS = 10_000
 """Most worker slots one queue of one client may have."""
-
-_GRACEFUL = frozenset({"cyclone-waits", "cyclone-schedules", "cyclone-purge"})
-"""Background tasks that stop() lets finish their pass instead of cancelling."""
 
 
 def _owner_id() -> str:
@@ -276,23 +273,12 @@ class Client:
         self._pool_sizes = (0, 0)
         self._size(queues)
 
-        self._engine_pool, self._lease_pool = self._new_pools()
-        self._async_tx_pool: AsyncConnectionPool[Any] | None = None
-        self._sync_tx_pool: ConnectionPool[Any] | None = None
+        self._engine_pool = self._new_pool()
         self._publisher: Publisher | None = None
         self._inline_wakeups = True  # enqueue carries its NOTIFY (False: the role may not)
         self._listener: Listener | None = None
-        self._worker: Worker | None = None
-        self._threads_left: Worker | None = None
-        self.sweeper: Sweeper | None = None
-        """The recovery sweep, while started with handlers."""
-        self.wait_scanner: WaitScanner | None = None
-        """The timer, signal and deadline scanner, while started with handlers."""
-        self.schedule_scanner: ScheduleScanner | None = None
-        """The schedule scanner, while started with handlers."""
-        self.purger: Purger | None = None
-        """The retention purge, while started with handlers and a ``purge_interval``."""
-        self._background: list[asyncio.Task[None]] = []
+        self._engine: Engine | None = None
+        self._stopped: Engine | None = None  # the last engine stopped (its threads)
         self._waiters: dict[int, set[asyncio.Event]] = {}
         self._opened = False
         self._started = False
@@ -360,10 +346,11 @@ class Client:
             connect_timeout=self.connect_timeout,
         )
 
-    def _new_pools(self) -> tuple[AsyncConnectionPool[Any], AsyncConnectionPool[Any]]:
-        """Fresh (unopened) engine and lease pools: a stopped client can start again."""
+    def _new_pool(self) -> AsyncConnectionPool[Any]:
+        """A fresh (unopened) engine pool: a stopped client can start again. With
+        handlers, the engine's lease pool takes LEASE_CONNECTIONS of the reserve."""
         with_handlers = bool(self.config.handlers)
-        engine = AsyncConnectionPool(
+        return AsyncConnectionPool(
             self._engine_conninfo,
             min_size=1,
             max_size=ENGINE_RESERVE - 1 - (LEASE_CONNECTIONS if with_handlers else 0),
@@ -372,16 +359,6 @@ class Client:
             name="cyclone-engine",
             configure=self.settings.configure_async(),
         )
-        lease = AsyncConnectionPool(
-            self.settings.conninfo_for("cyclone-lease"),
-            min_size=1,
-            max_size=LEASE_CONNECTIONS,
-            kwargs=self.settings.kwargs(autocommit=True),
-            open=False,
-            name="cyclone-lease",
-            configure=self.settings.configure_async(),
-        )
-        return engine, lease
 
     async def _open(self) -> None:
         if self._opened:
@@ -423,101 +400,28 @@ class Client:
             raise
 
     async def _start_engine(self) -> None:
-        loop = asyncio.get_running_loop()
-        await self._lease_pool.open(wait=True)
-        async_size, sync_size = self._pool_sizes
-        if async_size:
-            self._async_tx_pool = AsyncConnectionPool(
-                self.settings.conninfo_for("cyclone-tx"),
-                min_size=0,
-                max_size=async_size,
-                kwargs=self.settings.kwargs(autocommit=False),
-                open=False,
-                name="cyclone-tx",
-                configure=self.settings.configure_async(),
-            )
-            await self._async_tx_pool.open()
-        if sync_size:
-            self._sync_tx_pool = ConnectionPool(
-                self.settings.conninfo_for("cyclone-tx"),
-                min_size=0,
-                max_size=sync_size,
-                kwargs=self.settings.kwargs(autocommit=False),
-                open=False,
-                name="cyclone-tx-sync",
-                configure=self.settings.configure_sync(),
-            )
-            await asyncio.to_thread(self._sync_tx_pool.open)
         assert self._publisher is not None
-        self._worker = Worker(
-            WorkerSettings(
+        self._engine = Engine(
+            EngineSettings(
                 owner=self.owner,
                 queues=self.queues,
                 lease_ttl=self.lease_ttl,
                 poll_interval=self.poll_interval,
                 claim_batch=self.claim_batch,
                 shutdown_grace=self.shutdown_grace,
-                pinned_search_path=self.settings.per_transaction,
+                sweep_interval=self.sweep_interval,
+                max_reclaims=self.max_reclaims,
+                schedule_catch_up=self.schedule_catch_up,
+                purge_interval=self.purge_interval,
+                tx_slots=self.tx_slots,
+                pool_sizes=self._pool_sizes,
             ),
-            handlers=self.config.handlers,
+            config=self.config,
+            connections=self.settings,
             pool=self._engine_pool,
-            lease_pool=self._lease_pool,
-            slots=TxSlots(self.tx_slots, loop),
-            tx_pools=(self._async_tx_pool, self._sync_tx_pool),
             publisher=self._publisher,
-            build_request=self.config.request,
-            build_submit=self.config.submit_request,
-            workflows=self.config.workflows,
-            parents=self.config.parents,
         )
-        self._ensure_listener()
-        for handler in self.config.handlers.values():
-            if handler.options.queue not in self.queues:
-                log.warning(
-                    "kind %r defaults to queue %r, which this client does not serve "
-                    "(queues %s): only its steps enqueued into a served queue will run here",
-                    handler.kind,
-                    handler.options.queue,
-                    sorted(self.queues),
-                )
-        self._worker.start()
-        sweeper = Sweeper(
-            self._engine_pool,
-            self._publisher,
-            interval=self.sweep_interval,
-            max_reclaims=self.max_reclaims,
-        )
-        self.sweeper = sweeper
-        self._background.append(asyncio.create_task(sweeper.run(), name="cyclone-sweep"))
-        waits = WaitScanner(
-            self._engine_pool,
-            self._publisher,
-            interval=self.poll_interval,
-            wake=self._worker.announce_available,
-            definitions=self.config.definitions,
-        )
-        self.wait_scanner = waits
-        self._worker.on_wait = waits.kick_for
-        self._background.append(asyncio.create_task(waits.run(), name="cyclone-waits"))
-        schedules = ScheduleScanner(
-            self._engine_pool,
-            self._publisher,
-            owner=self.owner,
-            interval=self.poll_interval,
-            definitions=self.config.definitions,
-            catch_up=self.schedule_catch_up,
-        )
-        self.schedule_scanner = schedules
-        self._background.append(asyncio.create_task(schedules.run(), name="cyclone-schedules"))
-        if self.purge_interval is not None:
-            self.purger = Purger(self._engine_pool, interval=self.purge_interval)
-            self._background.append(asyncio.create_task(self.purger.run(), name="cyclone-purge"))
-        log.info(
-            "client %s started: kinds %s, queues %s",
-            self.owner,
-            sorted(self.config.handlers),
-            self.queues,
-        )
+        await self._engine.start(listen=self._ensure_listener)
 
     def _ensure_listener(self) -> None:
         if self._listener is None and self.config.notify and self.settings.can_listen:
@@ -538,43 +442,19 @@ class Client:
         Afterwards :attr:`threads_running` counts sync handlers whose thread has not
         returned yet; their steps were given back and their completion will be refused.
         """
-        if self._worker is not None:
-            await self._worker.stop()
-            self._threads_left = self._worker
-            self._worker = None
-        # The scanners finish their pass rather than abandon a transaction.
-        for scanner in (self.wait_scanner, self.schedule_scanner, self.purger):
-            if scanner is not None:
-                scanner.stop()
-        graceful = [t for t in self._background if t.get_name() in _GRACEFUL]
-        if graceful:
-            await asyncio.wait(graceful, timeout=10)
-        for task in self._background:
-            task.cancel()
-        for task in self._background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self.wait_scanner = None
-        self.schedule_scanner = None
-        self.purger = None
-        self._background.clear()
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            self._stopped = engine
+            await engine.stop()
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
         if self._publisher is not None:
             await self._publisher.close()
             self._publisher = None
-        if self._async_tx_pool is not None:
-            await self._async_tx_pool.close()
-            self._async_tx_pool = None
-        if self._sync_tx_pool is not None:
-            await asyncio.to_thread(self._sync_tx_pool.close)
-            self._sync_tx_pool = None
-        if self._started and self.config.handlers:
-            await self._lease_pool.close()
         if self._opened:
             await self._engine_pool.close()
-        self._engine_pool, self._lease_pool = self._new_pools()
+        self._engine_pool = self._new_pool()
         self._opened = False
         self._started = False
 
@@ -588,13 +468,15 @@ class Client:
     @property
     def threads_running(self) -> int:
         """Sync handler threads still running (after a stop, those that outlived it)."""
-        worker = self._worker or self._threads_left
-        return worker.threads_running if worker is not None else 0
+        engine = self._engine or self._stopped
+        return engine.threads_running if engine is not None else 0
 
     def hurry(self) -> None:
         """Cut short the grace period of a stop in progress (a second SIGTERM)."""
-        if self._worker is not None:
-            self._worker.hurry()
+        if self._engine is not None:
+            self._engine.hurry()
+        elif self._stopped is not None:  # stop() is draining it
+            self._stopped.hurry()
 
     @property
     def listening(self) -> bool:
@@ -602,15 +484,40 @@ class Client:
         return self._listener is not None and self._listener.connected.is_set()
 
     @property
+    def engine(self) -> Engine | None:
+        """The running engine (worker and background passes), if started with handlers."""
+        return self._engine
+
+    @property
     def worker(self) -> Worker | None:
         """The running worker, if started with handlers."""
-        return self._worker
+        return self._engine.worker if self._engine is not None else None
+
+    @property
+    def sweeper(self) -> Sweeper | None:
+        """The recovery sweep, while started with handlers."""
+        return self._engine.sweeper if self._engine is not None else None
+
+    @property
+    def wait_scanner(self) -> WaitScanner | None:
+        """The timer, signal and deadline scanner, while started with handlers."""
+        return self._engine.wait_scanner if self._engine is not None else None
+
+    @property
+    def schedule_scanner(self) -> ScheduleScanner | None:
+        """The schedule scanner, while started with handlers."""
+        return self._engine.schedule_scanner if self._engine is not None else None
+
+    @property
+    def purger(self) -> Purger | None:
+        """The retention purge, while started with handlers and a ``purge_interval``."""
+        return self._engine.purger if self._engine is not None else None
 
     # -- wakeups -------------------------------------------------------------------
 
     def _on_available(self, queue: str | None) -> None:
-        if self._worker is not None:
-            self._worker.wake(queue)
+        if self._engine is not None:
+            self._engine.wake(queue)
 
     def _on_run_done(self, run_ids: list[int]) -> None:
         for run_id in run_ids:

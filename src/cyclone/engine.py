@@ -1,0 +1,275 @@
+"""The engine of a started client with handlers: the worker and the background passes.
+
+``Client`` is the façade: producer and inspection calls, on its engine pool (or the
+pool passed in), its publisher and its LISTEN connection. When a client with handlers
+starts, it builds one :class:`Engine` on those and starts it; the engine owns
+everything only a worker needs:
+
+* the lease pool (claims and heartbeats, :data:`LEASE_CONNECTIONS` connections) and the
+  handler pools for completion transactions (async and sync, sized by the client);
+* the :class:`cyclone.worker.Worker` (one claim loop per served queue);
+* the recovery sweep, the wait scanner (timers, signals, deadlines, fan-outs, child
+  runs), the schedule scanner and, with a ``purge_interval``, the retention purge, each
+  a task of its own.
+
+:meth:`Engine.stop` drains the worker (its ``shutdown_grace``), lets the scanners finish
+the pass they are in, and closes the pools the engine opened. An engine runs once: a
+client that starts again builds a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from cyclone.completion import TxSlots
+from cyclone.config import ClientConfig
+from cyclone.connections import ConnectionSettings
+from cyclone.notify import Publisher
+from cyclone.scanners.purge import Purger
+from cyclone.scanners.schedules import ScheduleScanner
+from cyclone.scanners.sweep import Sweeper
+from cyclone.scanners.waits import WaitScanner
+from cyclone.schedules import CatchUp
+from cyclone.worker import Worker, WorkerSettings
+
+__all__ = ["LEASE_CONNECTIONS", "Engine", "EngineSettings"]
+
+log = logging.getLogger("cyclone.engine")
+
+LEASE_CONNECTIONS = 2
+"""Connections of the lease pool (claims and heartbeats)."""
+
+_GRACEFUL = frozenset({"cyclone-waits", "cyclone-schedules", "cyclone-purge"})
+"""Background tasks that stop() lets finish their pass instead of cancelling."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What an engine runs with, checked by the client that builds it.
+
+    Attributes:
+        owner: the client's id, written into every lease it takes.
+        queues: queue name -> worker slots.
+        lease_ttl: seconds a claim's lease lasts without a heartbeat.
+        poll_interval: seconds between claims and scanner passes without a wakeup.
+        claim_batch: steps per claim statement (``None``: the free slots).
+        shutdown_grace: seconds a stop waits for running handlers.
+        sweep_interval: seconds between recovery sweeps.
+        max_reclaims: reclaims after which the sweep discards a step.
+        schedule_catch_up: ``"latest"`` or ``"all"`` missed schedule slots.
+        purge_interval: seconds between retention purges (``None``: no purge task).
+        tx_slots: completion transactions open at once.
+        pool_sizes: (async, sync) handler pool sizes.
+    """
+
+    owner: str
+    queues: Mapping[str, int]
+    lease_ttl: float
+    poll_interval: float
+    claim_batch: int | None
+    shutdown_grace: float
+    sweep_interval: float
+    max_reclaims: int
+    schedule_catch_up: CatchUp
+    purge_interval: float | None
+    tx_slots: int
+    pool_sizes: tuple[int, int]
+
+
+class Engine:
+    """The worker, its pools and the background passes of one started client."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        *,
+        config: ClientConfig,
+        connections: ConnectionSettings,
+        pool: AsyncConnectionPool[Any],
+        publisher: Publisher,
+    ) -> None:
+        self.settings = settings
+        self._config = config
+        self._connections = connections
+        self._pool = pool
+        self._publisher = publisher
+        self._lease_pool = AsyncConnectionPool(
+            connections.conninfo_for("cyclone-lease"),
+            min_size=1,
+            max_size=LEASE_CONNECTIONS,
+            kwargs=connections.kwargs(autocommit=True),
+            open=False,
+            name="cyclone-lease",
+            configure=connections.configure_async(),
+        )
+        self._async_tx_pool: AsyncConnectionPool[Any] | None = None
+        self._sync_tx_pool: ConnectionPool[Any] | None = None
+        self.worker: Worker | None = None
+        """The worker, once started."""
+        self.sweeper: Sweeper | None = None
+        """The recovery sweep, while started."""
+        self.wait_scanner: WaitScanner | None = None
+        """The timer, signal, deadline, fan-out and child-run scanner, while started."""
+        self.schedule_scanner: ScheduleScanner | None = None
+        """The schedule scanner, while started."""
+        self.purger: Purger | None = None
+        """The retention purge, while started with a ``purge_interval``."""
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, listen: Callable[[], None]) -> None:
+        """Open the engine's pools, build the worker, call ``listen`` (the client
+        starts its LISTEN connection then, before the first claim), and start the claim
+        loops and the background passes.
+
+        Raises:
+            psycopg_pool.PoolTimeout: a pool could not open (the caller stops the
+                engine: nothing is left half started).
+        """
+        settings, connections = self.settings, self._connections
+        await self._lease_pool.open(wait=True)
+        async_size, sync_size = settings.pool_sizes
+        if async_size:
+            self._async_tx_pool = AsyncConnectionPool(
+                connections.conninfo_for("cyclone-tx"),
+                min_size=0,
+                max_size=async_size,
+                kwargs=connections.kwargs(autocommit=False),
+                open=False,
+                name="cyclone-tx",
+                configure=connections.configure_async(),
+            )
+            await self._async_tx_pool.open()
+        if sync_size:
+            self._sync_tx_pool = ConnectionPool(
+                connections.conninfo_for("cyclone-tx"),
+                min_size=0,
+                max_size=sync_size,
+                kwargs=connections.kwargs(autocommit=False),
+                open=False,
+                name="cyclone-tx-sync",
+                configure=connections.configure_sync(),
+            )
+            await asyncio.to_thread(self._sync_tx_pool.open)
+        config = self._config
+        worker = Worker(
+            WorkerSettings(
+                owner=settings.owner,
+                queues=dict(settings.queues),
+                lease_ttl=settings.lease_ttl,
+                poll_interval=settings.poll_interval,
+                claim_batch=settings.claim_batch,
+                shutdown_grace=settings.shutdown_grace,
+                pinned_search_path=connections.per_transaction,
+            ),
+            handlers=config.handlers,
+            pool=self._pool,
+            lease_pool=self._lease_pool,
+            slots=TxSlots(settings.tx_slots, asyncio.get_running_loop()),
+            tx_pools=(self._async_tx_pool, self._sync_tx_pool),
+            publisher=self._publisher,
+            build_request=config.request,
+            build_submit=config.submit_request,
+            workflows=config.workflows,
+            parents=config.parents,
+        )
+        self.worker = worker
+        listen()
+        for handler in config.handlers.values():
+            if handler.options.queue not in settings.queues:
+                log.warning(
+                    "kind %r defaults to queue %r, which this client does not serve "
+                    "(queues %s): only its steps enqueued into a served queue will run here",
+                    handler.kind,
+                    handler.options.queue,
+                    sorted(settings.queues),
+                )
+        worker.start()
+        self._start_scanners(worker)
+        log.info(
+            "client %s started: kinds %s, queues %s",
+            settings.owner,
+            sorted(config.handlers),
+            dict(settings.queues),
+        )
+
+    def _start_scanners(self, worker: Worker) -> None:
+        settings, pool, publisher = self.settings, self._pool, self._publisher
+        definitions = self._config.definitions
+        self.sweeper = Sweeper(
+            pool, publisher, interval=settings.sweep_interval, max_reclaims=settings.max_reclaims
+        )
+        self._spawn(self.sweeper.run(), "cyclone-sweep")
+        waits = WaitScanner(
+            pool,
+            publisher,
+            interval=settings.poll_interval,
+            wake=worker.announce_available,
+            definitions=definitions,
+        )
+        self.wait_scanner = waits
+        worker.on_wait = waits.kick_for
+        self._spawn(waits.run(), "cyclone-waits")
+        self.schedule_scanner = ScheduleScanner(
+            pool,
+            publisher,
+            owner=settings.owner,
+            interval=settings.poll_interval,
+            definitions=definitions,
+            catch_up=settings.schedule_catch_up,
+        )
+        self._spawn(self.schedule_scanner.run(), "cyclone-schedules")
+        if settings.purge_interval is not None:
+            self.purger = Purger(pool, interval=settings.purge_interval)
+            self._spawn(self.purger.run(), "cyclone-purge")
+
+    def _spawn(self, run: Any, name: str) -> None:
+        self._tasks.append(asyncio.create_task(run, name=name))
+
+    def wake(self, queue: str | None) -> None:
+        """A ``cyclone_available`` wakeup for ``queue`` (``None``: every queue)."""
+        if self.worker is not None:
+            self.worker.wake(queue)
+
+    def hurry(self) -> None:
+        """Cut short the grace period of a stop in progress (a second SIGTERM)."""
+        if self.worker is not None:
+            self.worker.hurry()
+
+    @property
+    def threads_running(self) -> int:
+        """Sync handler threads still running (after a stop, those that outlived it)."""
+        return self.worker.threads_running if self.worker is not None else 0
+
+    async def stop(self) -> None:
+        """Drain the worker (``shutdown_grace``), stop the passes (each finishes the
+        one it is in, for at most 10 s), and close the engine's pools. The worker stays
+        readable for :attr:`threads_running`."""
+        if self.worker is not None:
+            await self.worker.stop()
+        for scanner in (self.wait_scanner, self.schedule_scanner, self.purger):
+            if scanner is not None:
+                scanner.stop()
+        graceful = [t for t in self._tasks if t.get_name() in _GRACEFUL]
+        if graceful:
+            await asyncio.wait(graceful, timeout=10)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        self.sweeper = self.wait_scanner = self.schedule_scanner = self.purger = None
+        if self._async_tx_pool is not None:
+            await self._async_tx_pool.close()
+            self._async_tx_pool = None
+        if self._sync_tx_pool is not None:
+            await asyncio.to_thread(self._sync_tx_pool.close)
+            self._sync_tx_pool = None
+        await self._lease_pool.close()
