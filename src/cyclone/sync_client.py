@@ -469,7 +469,7 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is not running.
         """
-        self._control(run_id_of(run), pause_stmts, "paused", "running")
+        self._control(run_id_of(run), pause_stmts, "paused", "running")  # no wakeup
 
     def resume(self, run: RunRef) -> None:
         """Resume a paused run (see ``Client.resume``).
@@ -478,7 +478,11 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is not paused.
         """
-        self._control(run_id_of(run), resume_stmts, "resumed", "paused")
+        rows = self._control(run_id_of(run), resume_stmts, "resumed", "paused")
+        woken = set(rows[0][1] or ()) - MARKS
+        if woken:
+            with self._connection() as conn:
+                self._publish(conn, woken, ())
 
     def retry(
         self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
@@ -504,28 +508,21 @@ class SyncClient:
 
     def _control(
         self, run_id: int, stmts: Callable[[int], list[Stmt]], done: str, needed: str
-    ) -> None:
-        if not self._control_rows(run_id, stmts(run_id)):
-            current = self.get_run(run_id)
-            raise StateError(
-                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
-            )
-
-    def _control_rows(self, run_id: int, stmts: list[Stmt]) -> list[tuple[Any, ...]]:
-        """Run control statements in one transaction; wakeups follow (polling would
-        find the work anyway)."""
+    ) -> list[tuple[Any, ...]]:
+        """Run a pause or resume in one transaction; its rows, or StateError /
+        NotFoundError naming why not. Like ``Client``'s, it sends no run-done wakeup:
+        the run is not finished."""
         with self._connection() as conn:
             if not conn.autocommit:
                 conn.commit()
             with conn.transaction():
-                rows = batch_sync(conn, [Stmt(Q.runs_read_committed), *stmts], transaction=False)[
-                    -1
-                ]
-            queues: set[str] = set()
-            for row in rows:
-                if len(row) > 1 and isinstance(row[-1], list):
-                    queues.update(q for q in row[-1] if q not in MARKS)
-            self._publish(conn, queues, (run_id,))
+                stmts_ = [Stmt(Q.runs_read_committed), *stmts(run_id)]
+                rows = batch_sync(conn, stmts_, transaction=False)[-1]
+        if not rows:
+            current = self.get_run(run_id)
+            raise StateError(
+                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
+            )
         return rows
 
     # -- schedules, retention ----------------------------------------------------
