@@ -23,12 +23,13 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from cyclone.claims import Claimer
 from cyclone.completer import MAX_BATCH, Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
@@ -36,34 +37,27 @@ from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
-from cyclone.inputs import InputError, OutputCache, assemble, needed
 from cyclone.notify import Publisher
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.scanners.waits import MARKS
-from cyclone.sql import CLAIM_LIMITS, Q, claim_limit
+from cyclone.sql import CLAIM_LIMITS, claim_limit
 from cyclone.transitions import (
     FAILURE_CAS,
     Claimed,
     Failure,
-    claim_stmt,
     complete_stmts,
     decide_failure,
     failure_stmts,
-    mismatch_stmt,
-    parse_claimed,
     parse_completed,
     release_stmt,
-    sequence_recheck_stmts,
 )
 
 __all__ = ["MAX_CLAIM_BATCH", "Worker", "WorkerSettings"]
 
 log = logging.getLogger("cyclone.worker")
 
-MAX_FOREIGN_VERSIONS = 1000
-"""Foreign def_versions a worker remembers (and its claim skips)."""
 MAX_CLAIM_BATCH = CLAIM_LIMITS[-1]
 """Most steps one claim statement takes, whatever the free slots (and the highest
 ``claim_batch`` a client accepts): a queue with more free slots claims again at once."""
@@ -137,15 +131,18 @@ class Worker:
         self.on_wait = on_wait
         """Called with the markers (``MARKS``) an advance reported: a wait, child or
         fan-out node reached, an item task finished (the client kicks its scanner)."""
-        self._workflows = {name: list(versions) for name, versions in (workflows or {}).items()}
-        self._parents = frozenset(parents)  # def_versions with child nodes
-        self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
-        self.outputs = OutputCache()
-        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
         self._build_submit = build_submit
         self._handlers = dict(handlers)
-        self._kinds = sorted(self._handlers)
-        self._kind_timeouts = [self._handlers[k].options.timeout for k in self._kinds]
+        self._claimer = Claimer(
+            owner=settings.owner,
+            lease_ttl=settings.lease_ttl,
+            handlers=self._handlers,
+            lease_pool=lease_pool,
+            workflows=workflows or {},
+            parents=parents,
+        )
+        self.outputs = self._claimer.outputs
+        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
         self._pool = pool
         self._lease_pool = lease_pool
         self._slots = slots
@@ -162,7 +159,6 @@ class Worker:
             woken=self._woken,
             ended=publisher.run_done,
         )
-        self._claim_serial = 0
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
         self._stopping = False
@@ -291,116 +287,7 @@ class Worker:
                 await queue.wake.wait()
 
     async def _claim(self, queue: _Queue, limit: int) -> list[Claimed]:
-        # Each claim writes its own lease owner: the client's id and a serial number.
-        # With the generation it fences every later transition, even if a claim is
-        # lost in a server crash and the same generation is issued again.
-        self._claim_serial += 1
-        owner = f"{self.settings.owner}/{self._claim_serial}"
-        stmt = claim_stmt(
-            queue=queue.name,
-            kinds=self._kinds,
-            timeouts=self._kind_timeouts,
-            owner=owner,
-            ttl=self.settings.lease_ttl,
-            limit=limit,
-            foreign=self._foreign,
-        )
-        async with self._lease_pool.connection() as conn:
-            claimed = parse_claimed(await fetch_async(conn, stmt), queue.name, owner, self._parents)
-            try:
-                sequenced = [step for step in claimed if step.sequence_key is not None]
-                if sequenced:
-                    rows = await batch_async(
-                        conn, sequence_recheck_stmts(sequenced), transaction=True
-                    )
-                    given_back = {row[0] for row in rows[-1]}
-                    if given_back:
-                        log.debug("sequence recheck gave back steps %s", sorted(given_back))
-                        claimed = [step for step in claimed if step.id not in given_back]
-                if any(step.def_version != "job" for step in claimed):
-                    claimed = await self._check_versions(conn, claimed)
-                    if any(step.has_data_edge for step in claimed):
-                        claimed = await self._resolve_inputs(conn, claimed)
-            except Exception:
-                # Give the claimed steps back now rather than let the sweep reclaim them
-                # (which would count a reclaim); the claim loop logs and backs off.
-                if claimed:
-                    await self._release(claimed, "after a failed claim")
-                raise
-        return claimed
-
-    async def _check_versions(
-        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
-    ) -> list[Claimed]:
-        """Give back workflow steps whose run's def_version this worker does not register.
-
-        decisions.md, def_version: the step goes back to ``available`` after a short
-        delay, with no attempt and no reclaim counted and ``error_kind =
-        'def_version_mismatch'``, for a worker that has the run's definition.
-        """
-        foreign = [
-            step
-            for step in claimed
-            if step.def_version != "job"
-            and step.def_version not in self._workflows.get(step.workflow, ())
-        ]
-        if not foreign:
-            return claimed
-        await fetch_async(conn, mismatch_stmt(foreign, self._workflows))
-        for step in foreign:
-            if step.def_version not in self._foreign:
-                if len(self._foreign) >= MAX_FOREIGN_VERSIONS:
-                    self._foreign.pop(0)
-                self._foreign.append(step.def_version)
-            log.warning(
-                "step %d (%s) of run %d: def_version mismatch: the run has %s of workflow %r, "
-                "this worker has %s; given back for a worker with that definition "
-                "(this worker skips that def_version from now on)",
-                step.id,
-                step.node,
-                step.run_id,
-                step.def_version,
-                step.workflow,
-                self._workflows.get(step.workflow) or "none",
-            )
-        # Never run a foreign step, even one whose release found it moved on (cancelled).
-        return [step for step in claimed if step not in foreign]
-
-    async def _resolve_inputs(
-        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
-    ) -> list[Claimed]:
-        """Replace each data-edge step's input by its upstream outputs (cache, then DB).
-
-        A step whose input cannot be assembled keeps the reason in ``input_error`` and
-        is discarded when it runs.
-        """
-        cache = self.outputs
-        outputs: dict[tuple[int, str], str | None] = {}
-        missing: set[tuple[int, str]] = set()
-        for step in claimed:
-            for key in needed(step.run_id, step.input_from, step.bindings):
-                found, text = cache.get(key)
-                if found:
-                    outputs[key] = text
-                else:
-                    missing.add(key)
-        if missing:
-            keys = sorted(missing)
-            params = {"run_ids": [k[0] for k in keys], "nodes": [k[1] for k in keys]}
-            for run_id, node, text in await fetch_async(conn, Stmt(Q.steps_outputs, params)):
-                outputs[run_id, node] = text
-                cache.put((run_id, node), text)
-        resolved = []
-        for step in claimed:
-            if not step.has_data_edge:
-                resolved.append(step)
-                continue
-            try:
-                value = assemble(step.run_id, step.input_from, step.bindings, outputs)
-                resolved.append(replace(step, input=value))
-            except InputError as exc:
-                resolved.append(replace(step, input=None, input_error=str(exc)))
-        return resolved
+        return await self._claimer.claim(queue.name, limit, release=self._release)
 
     # -- running a step ------------------------------------------------------------
 

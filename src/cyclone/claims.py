@@ -1,0 +1,192 @@
+"""Claiming: the claim statement and what must follow it before a step may run.
+
+engine-design, The Claiming Algorithm. One :class:`Claimer` per worker runs each claim
+on the lease pool: ``steps_claim`` (``FOR UPDATE SKIP LOCKED`` and a CAS update to
+``running`` under a fresh lease owner), then, on the same connection, the sequence
+recheck of steps with a ``sequence_key``, the def_version check of workflow steps
+(a foreign one is given back for a worker that has its definition, and skipped by this
+worker's later claims), and the assembly of data-edge inputs from upstream outputs
+(through an LRU cache).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from cyclone.dbio import Stmt, batch_async, fetch_async
+from cyclone.handlers import Handler
+from cyclone.inputs import InputError, OutputCache, assemble, needed
+from cyclone.sql import Q
+from cyclone.transitions import (
+    Claimed,
+    claim_stmt,
+    mismatch_stmt,
+    parse_claimed,
+    sequence_recheck_stmts,
+)
+
+__all__ = ["MAX_FOREIGN_VERSIONS", "Claimer", "Release"]
+
+log = logging.getLogger("cyclone.worker")
+
+MAX_FOREIGN_VERSIONS = 1000
+"""Foreign def_versions a worker remembers (and its claim skips)."""
+
+Release = Callable[[list[Claimed], str], Awaitable[None]]
+"""Gives claimed steps back (``why`` for the log) without counting a reclaim."""
+
+
+class Claimer:
+    """Claims the steps of one worker's kinds (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        owner: str,
+        lease_ttl: float,
+        handlers: Mapping[str, Handler],
+        lease_pool: AsyncConnectionPool[Any],
+        workflows: Mapping[str, list[str]],
+        parents: Collection[str] = (),
+    ) -> None:
+        self._owner = owner
+        self._lease_ttl = lease_ttl
+        self._kinds = sorted(handlers)
+        self._kind_timeouts = [handlers[k].options.timeout for k in self._kinds]
+        self._lease_pool = lease_pool
+        self._workflows = {name: list(versions) for name, versions in workflows.items()}
+        self._parents = frozenset(parents)  # def_versions with child nodes
+        self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
+        self._serial = 0
+        self.outputs = OutputCache()
+        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
+
+    async def claim(self, queue: str, limit: int, *, release: Release) -> list[Claimed]:
+        """Claim up to ``limit`` steps of ``queue`` (one of ``CLAIM_LIMITS``) on the
+        lease pool: the steps this worker may run, inputs resolved.
+
+        After the claim statement, on the same connection: steps a sequence recheck
+        gives back are dropped, workflow steps of a def_version this worker does not
+        register are given back (:meth:`_check_versions`), and data-edge inputs are
+        assembled (:meth:`_resolve_inputs`). If one of those fails, ``release`` gives
+        back what was claimed before the error is raised (no reclaim is counted).
+
+        Raises:
+            psycopg.Error: the claim or what follows it failed.
+        """
+        # Each claim writes its own lease owner: the client's id and a serial number.
+        # With the generation it fences every later transition, even if a claim is
+        # lost in a server crash and the same generation is issued again.
+        self._serial += 1
+        owner = f"{self._owner}/{self._serial}"
+        stmt = claim_stmt(
+            queue=queue,
+            kinds=self._kinds,
+            timeouts=self._kind_timeouts,
+            owner=owner,
+            ttl=self._lease_ttl,
+            limit=limit,
+            foreign=self._foreign,
+        )
+        async with self._lease_pool.connection() as conn:
+            claimed = parse_claimed(await fetch_async(conn, stmt), queue, owner, self._parents)
+            try:
+                sequenced = [step for step in claimed if step.sequence_key is not None]
+                if sequenced:
+                    rows = await batch_async(
+                        conn, sequence_recheck_stmts(sequenced), transaction=True
+                    )
+                    given_back = {row[0] for row in rows[-1]}
+                    if given_back:
+                        log.debug("sequence recheck gave back steps %s", sorted(given_back))
+                        claimed = [step for step in claimed if step.id not in given_back]
+                if any(step.def_version != "job" for step in claimed):
+                    claimed = await self._check_versions(conn, claimed)
+                    if any(step.has_data_edge for step in claimed):
+                        claimed = await self._resolve_inputs(conn, claimed)
+            except Exception:
+                # Give the claimed steps back now rather than let the sweep reclaim them
+                # (which would count a reclaim); the claim loop logs and backs off.
+                if claimed:
+                    await release(claimed, "after a failed claim")
+                raise
+        return claimed
+
+    async def _check_versions(
+        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
+    ) -> list[Claimed]:
+        """Give back workflow steps whose run's def_version this worker does not register.
+
+        decisions.md, def_version: the step goes back to ``available`` after a short
+        delay, with no attempt and no reclaim counted and ``error_kind =
+        'def_version_mismatch'``, for a worker that has the run's definition.
+        """
+        foreign = [
+            step
+            for step in claimed
+            if step.def_version != "job"
+            and step.def_version not in self._workflows.get(step.workflow, ())
+        ]
+        if not foreign:
+            return claimed
+        await fetch_async(conn, mismatch_stmt(foreign, self._workflows))
+        for step in foreign:
+            if step.def_version not in self._foreign:
+                if len(self._foreign) >= MAX_FOREIGN_VERSIONS:
+                    self._foreign.pop(0)
+                self._foreign.append(step.def_version)
+            log.warning(
+                "step %d (%s) of run %d: def_version mismatch: the run has %s of workflow %r, "
+                "this worker has %s; given back for a worker with that definition "
+                "(this worker skips that def_version from now on)",
+                step.id,
+                step.node,
+                step.run_id,
+                step.def_version,
+                step.workflow,
+                self._workflows.get(step.workflow) or "none",
+            )
+        # Never run a foreign step, even one whose release found it moved on (cancelled).
+        return [step for step in claimed if step not in foreign]
+
+    async def _resolve_inputs(
+        self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]
+    ) -> list[Claimed]:
+        """Replace each data-edge step's input by its upstream outputs (cache, then DB).
+
+        A step whose input cannot be assembled keeps the reason in ``input_error`` and
+        is discarded when it runs.
+        """
+        cache = self.outputs
+        outputs: dict[tuple[int, str], str | None] = {}
+        missing: set[tuple[int, str]] = set()
+        for step in claimed:
+            for key in needed(step.run_id, step.input_from, step.bindings):
+                found, text = cache.get(key)
+                if found:
+                    outputs[key] = text
+                else:
+                    missing.add(key)
+        if missing:
+            keys = sorted(missing)
+            params = {"run_ids": [k[0] for k in keys], "nodes": [k[1] for k in keys]}
+            for run_id, node, text in await fetch_async(conn, Stmt(Q.steps_outputs, params)):
+                outputs[run_id, node] = text
+                cache.put((run_id, node), text)
+        resolved = []
+        for step in claimed:
+            if not step.has_data_edge:
+                resolved.append(step)
+                continue
+            try:
+                value = assemble(step.run_id, step.input_from, step.bindings, outputs)
+                resolved.append(replace(step, input=value))
+            except InputError as exc:
+                resolved.append(replace(step, input=None, input_error=str(exc)))
+        return resolved
