@@ -11,15 +11,15 @@ install:  ## install the project and its test tools into the active environment
 	$(PYTHON) -m pip install -e '.[dev,embedded,demo]'
 
 lint:  ## ruff lint and the format check (nothing is rewritten)
-	ruff check .
-	ruff format --check .
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 
 format:  ## rewrite the code in ruff's format and apply ruff's safe fixes
-	ruff format .
-	ruff check --fix .
+	$(PYTHON) -m ruff format .
+	$(PYTHON) -m ruff check --fix .
 
 typecheck:  ## mypy --strict over the package, the tests and the benchmarks
-	mypy --strict src tests bench
+	$(PYTHON) -m mypy --strict src tests bench
 
 test-fast:  ## the fast tier: every test not marked slow (the edit loop)
 	$(PYTHON) -m pytest -m "not slow"

@@ -8,8 +8,9 @@ schema (``cyclone.migrate``), interleaved and repeated:
   ``enqueue`` and ``enqueue_many`` with;
 * ``steps_enqueue`` (the statement of one ``enqueue``: a run row and its step row, the
   step's foreign key checked) and ``steps_enqueue_many`` with 100 and with 10,000
-  inputs (the statement of ``enqueue_many``), each written out as a pgbench script with
-  literal values (``psycopg.ClientCursor.mogrify``) and run prepared, like the raw ones.
+  inputs (the statement of ``enqueue_many``), with the parameters a default client
+  sends, each written out as a pgbench script with literal values
+  (``psycopg.ClientCursor.mogrify``) and run prepared, like the raw ones.
 
 pgbench sends each statement from C with no Python, no pool and no wakeup around it, so
 its rate is the most any client could reach with these statements on this schema: the
@@ -20,7 +21,6 @@ limit (rows = jobs) beside the load average; the tables are emptied before every
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -32,22 +32,12 @@ import psycopg
 import cyclone
 from bench.db import DEFAULT_ADMIN_DSN, log, throwaway_database
 from bench.raw import DEFAULT_SCRIPTS, PgbenchResult, RawLimit
-from cyclone.sql import Q
+from cyclone.producer import enqueue_many_stmt, enqueue_stmt
 
-__all__ = ["FLOORS", "floor_scripts", "main"]
+__all__ = ["FLOORS", "FLOOR_KIND", "floor_scripts", "main"]
 
-_WEEK_US = 7 * 86_400 * 1_000_000
-_SHARED = {
-    "kind": "noop",
-    "queue": "default",
-    "priority": 0,
-    "max_attempts": 3,
-    "scheduled_at": None,
-    "delay_us": 0,
-    "timeout_us": None,
-    "sequence_key": None,
-    "retention_us": _WEEK_US,
-}
+FLOOR_KIND = "noop"
+"""The kind the floor scripts enqueue (no handler: the client's defaults apply)."""
 FLOORS = {
     "steps_enqueue": ("insert1.sql", 1),
     "steps_enqueue_many_100": ("insert100.sql", 100),
@@ -57,15 +47,17 @@ FLOORS = {
 
 
 def floor_scripts(conn: psycopg.Connection[Any], into: Path) -> None:
-    """Write the scripts of :data:`FLOORS` into ``into`` (``<name>.sql``), their values
-    bound as literals by psycopg."""
-    cur = psycopg.ClientCursor(conn)
-    one = {**_SHARED, "input": "{}", "unique_key": None}
-    texts = {"steps_enqueue": cur.mogrify(Q.steps_enqueue, one)}
+    """Write the scripts of :data:`FLOORS` into ``into`` (``<name>.sql``): the statements
+    and parameters a default ``SyncClient`` sends for ``enqueue(FLOOR_KIND, {})`` and
+    ``enqueue_many(FLOOR_KIND, [{}] * n)``, the values bound as literals by psycopg."""
+    config = cyclone.SyncClient(conn.info.dsn).config
+    stmts = {"steps_enqueue": enqueue_stmt(config.request(FLOOR_KIND, {}))}
     for n in (100, 10_000):
-        many = {**_SHARED, "inputs_json": json.dumps([{}] * n)}
-        texts[f"steps_enqueue_many_{n}"] = cur.mogrify(Q.steps_enqueue_many, many)
-    for name, text in texts.items():
+        request = config.request(FLOOR_KIND, [{}] * n, many=True)
+        stmts[f"steps_enqueue_many_{n}"] = enqueue_many_stmt(request)
+    cur = psycopg.ClientCursor(conn)
+    for name, stmt in stmts.items():
+        text = cur.mogrify(stmt.sql, stmt.params)
         # pgbench reads one statement per line unless it ends with a semicolon
         (into / f"{name}.sql").write_text(" ".join(text.split()) + ";\n")
 

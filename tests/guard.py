@@ -7,10 +7,11 @@ filled from :data:`cyclone.states.STEP_TRANSITIONS` and
 ``cyclone_steps`` and on ``cyclone_runs`` that rejects (raises, so the statement and its
 transaction fail) any row that:
 
-* changes ``state`` by a move the table does not list;
-* breaks a row invariant: a step has ``completed_at`` set exactly in a terminal state
-  and ``lease_owner`` set exactly while ``running``; a run has ``finished_at`` set
-  exactly in a terminal state.
+* changes ``state`` by a move the table does not list (an ``UPDATE``; an ``INSERT`` may
+  start a row in any state, as the tests' own hand-written rows do);
+* breaks a row invariant, on ``INSERT`` and ``UPDATE`` alike: a step has
+  ``completed_at`` set exactly in a terminal state and ``lease_owner`` set exactly while
+  ``running``; a run has ``finished_at`` set exactly in a terminal state.
 
 Nothing here touches the reference tables' definitions: the trigger and its function
 live in the guard's own schema and exist only in test databases. Tests of the schema

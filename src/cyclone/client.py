@@ -283,6 +283,7 @@ class Client:
         self._opened = False
         self._started = False
         self._open_lock: asyncio.Lock | None = None
+        self._stop_lock: asyncio.Lock | None = None
 
     def _size(self, queues: Mapping[str, int]) -> None:
         """Set the queues, and ``tx_slots`` and ``max_connections`` where not given."""
@@ -442,10 +443,16 @@ class Client:
         Afterwards :attr:`threads_running` counts sync handlers whose thread has not
         returned yet; their steps were given back and their completion will be refused.
         """
+        if self._stop_lock is None:
+            self._stop_lock = asyncio.Lock()
+        async with self._stop_lock:  # a second stop() waits for the first, then finds it done
+            await self._stop()
+
+    async def _stop(self) -> None:
         if self._engine is not None:
-            engine, self._engine = self._engine, None
-            self._stopped = engine
-            await engine.stop()
+            # the engine stays reachable while it drains (wakeups, hurry, scanner kicks)
+            await self._engine.stop()
+            self._stopped, self._engine = self._engine, None
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -475,8 +482,6 @@ class Client:
         """Cut short the grace period of a stop in progress (a second SIGTERM)."""
         if self._engine is not None:
             self._engine.hurry()
-        elif self._stopped is not None:  # stop() is draining it
-            self._stopped.hurry()
 
     @property
     def listening(self) -> bool:

@@ -10,7 +10,12 @@ import psycopg
 import pytest
 
 import cyclone
-from cyclone.states import STEP_TRANSITIONS, StepState
+from cyclone.states import (
+    STEP_TRANSITIONS,
+    TERMINAL_RUN_STATES,
+    TERMINAL_STEP_STATES,
+    StepState,
+)
 from tests.guard import legal_moves
 
 
@@ -65,3 +70,27 @@ def test_a_terminal_run_without_finished_at_is_rejected(
 def test_the_guard_holds_exactly_the_tables(db: psycopg.Connection[Any]) -> None:
     rows = db.execute("SELECT entity, from_state, to_state FROM cyclone_test_guard.moves")
     assert sorted(rows.fetchall()) == sorted(legal_moves())
+
+
+def test_an_inserted_row_must_keep_the_invariants(db: psycopg.Connection[Any]) -> None:
+    db.execute(
+        "INSERT INTO cyclone_runs (id, workflow, def_version) OVERRIDING SYSTEM VALUE"
+        " VALUES (900, 'k', 'job')"
+    )
+    with pytest.raises(psycopg.errors.RaiseException, match="completed with completed_at NULL"):
+        db.execute(
+            "INSERT INTO cyclone_steps (run_id, node, kind, state)"
+            " VALUES (900, 'a', 'k', 'completed')"
+        )
+    with pytest.raises(psycopg.errors.RaiseException, match="failed with finished_at NULL"):
+        db.execute(
+            "INSERT INTO cyclone_runs (workflow, def_version, state) VALUES ('k', 'job', 'failed')"
+        )
+
+
+def test_the_guard_knows_exactly_the_terminal_states(db: psycopg.Connection[Any]) -> None:
+    rows = db.execute("SELECT entity, state FROM cyclone_test_guard.terminal").fetchall()
+    expected = [("step", str(s)) for s in TERMINAL_STEP_STATES] + [
+        ("run", str(s)) for s in TERMINAL_RUN_STATES
+    ]
+    assert sorted(rows) == sorted(expected)
