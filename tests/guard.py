@@ -11,7 +11,10 @@ transaction fail) any row that:
   start a row in any state, as the tests' own hand-written rows do);
 * breaks a row invariant, on ``INSERT`` and ``UPDATE`` alike: a step has
   ``completed_at`` set exactly in a terminal state and ``lease_owner`` set exactly while
-  ``running``; a run has ``finished_at`` set exactly in a terminal state.
+  ``running``; a run has ``finished_at`` set exactly in a terminal state;
+* claims a step (``available`` -> ``running``) one of whose parents (``cyclone_deps``)
+  is not ``completed`` in what the claim's transaction sees: no dependency policy runs
+  a node after a parent that did not complete.
 
 Nothing here touches the reference tables' definitions: the trigger and its function
 live in the guard's own schema and exist only in test databases. Tests of the schema
@@ -55,6 +58,8 @@ CREATE TABLE cyclone_test_guard.terminal (
 CREATE FUNCTION cyclone_test_guard.check_step() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
+    parent text;
+    parent_state text;
     terminal boolean := EXISTS (
         SELECT 1 FROM cyclone_test_guard.terminal t
         WHERE t.entity = 'step' AND t.state = NEW.state);
@@ -73,6 +78,17 @@ BEGIN
     IF (NEW.state = 'running') <> (NEW.lease_owner IS NOT NULL) THEN
         RAISE EXCEPTION 'test guard: step % (%) is % with lease_owner %',
             NEW.id, NEW.node, NEW.state, coalesce(NEW.lease_owner, 'NULL');
+    END IF;
+    IF TG_OP = 'UPDATE' AND OLD.state = 'available' AND NEW.state = 'running' THEN
+        SELECT p.node, p.state INTO parent, parent_state
+        FROM cyclone_deps d
+        JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+        WHERE d.run_id = NEW.run_id AND d.node = NEW.node AND p.state <> 'completed'
+        LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'test guard: step % (%) claimed while its parent % is %',
+                NEW.id, NEW.node, parent, parent_state;
+        END IF;
     END IF;
     RETURN NEW;
 END

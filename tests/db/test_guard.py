@@ -94,3 +94,27 @@ def test_the_guard_knows_exactly_the_terminal_states(db: psycopg.Connection[Any]
         ("run", str(s)) for s in TERMINAL_RUN_STATES
     ]
     assert sorted(rows) == sorted(expected)
+
+
+def test_a_claim_before_every_parent_completed_is_rejected(db: psycopg.Connection[Any]) -> None:
+    db.execute(
+        "INSERT INTO cyclone_runs (id, workflow, def_version) OVERRIDING SYSTEM VALUE"
+        " VALUES (901, 'w', 'v1')"
+    )
+    db.execute(
+        "INSERT INTO cyclone_steps (run_id, node, kind, state) VALUES"
+        " (901, 'up', 'k', 'available'), (901, 'down', 'k', 'available')"
+    )
+    db.execute(
+        "INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)"
+        " VALUES (901, 'down', 'up', 'data')"
+    )
+    with pytest.raises(psycopg.errors.RaiseException, match="claimed while its parent up is"):
+        db.execute(
+            "UPDATE cyclone_steps SET state = 'running', lease_owner = 'w'"
+            " WHERE run_id = 901 AND node = 'down'"
+        )
+    db.execute(
+        "UPDATE cyclone_steps SET state = 'running', lease_owner = 'w'"
+        " WHERE run_id = 901 AND node = 'up'"
+    )  # a root: nothing to wait for

@@ -72,14 +72,18 @@ async def test_failing_claims_do_not_stop_the_loop(dsn: str, db: psycopg.Connect
     async with cyclone.Client(dsn, handlers=[echo], poll_interval=0.1) as client:
         worker = client.worker
         assert worker is not None
-        db.execute("ALTER TABLE cyclone_steps RENAME COLUMN priority TO priority_gone")
+        # From a thread: the ALTER waits for the lock of any engine transaction in
+        # flight, which only the event loop can finish (run on the loop, it would hang).
+        gone = "ALTER TABLE cyclone_steps RENAME COLUMN priority TO priority_gone"
+        back = "ALTER TABLE cyclone_steps RENAME COLUMN priority_gone TO priority"
+        await asyncio.to_thread(db.execute, gone)
         try:
             errors = worker.claim_errors
             await apoll_until(
                 lambda: asyncio.sleep(0, worker.claim_errors >= errors + 3), what="3 failed claims"
             )
         finally:
-            db.execute("ALTER TABLE cyclone_steps RENAME COLUMN priority_gone TO priority")
+            await asyncio.to_thread(db.execute, back)
         run = await client.wait(await client.enqueue(echo, "back"), timeout=60)
     assert run.result == "back"
 
