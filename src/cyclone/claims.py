@@ -1,8 +1,8 @@
 """Claiming: the claim statement and what must follow it before a step may run.
 
-engine-design, The Claiming Algorithm. One :class:`Claimer` per worker runs each claim
-on the lease pool: ``steps_claim`` (``FOR UPDATE SKIP LOCKED`` and a CAS update to
-``running`` under a fresh lease owner), then, on the same connection, the sequence
+One :class:`Claimer` per worker runs each claim on the lease pool: ``steps_claim``
+(``FOR UPDATE SKIP LOCKED`` and a CAS update to ``running`` under a fresh lease
+owner), then, on the same connection, the sequence
 recheck of steps with a ``sequence_key``, the def_version check of workflow steps
 (a foreign one is given back for a worker that has its definition, and skipped by this
 worker's later claims), and the assembly of data-edge inputs from upstream outputs
@@ -65,7 +65,7 @@ class Claimer:
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self._serial = 0
         self.outputs = OutputCache()
-        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
+        """Upstream outputs read to assemble data-edge inputs (by (run id, node))."""
 
     async def claim(self, queue: str, limit: int, *, release: Release) -> list[Claimed]:
         """Claim up to ``limit`` steps of ``queue`` (one of ``CLAIM_LIMITS``) on the

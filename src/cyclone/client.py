@@ -1,11 +1,11 @@
 """``Client`` (asyncio): producer and inspection calls, and the engine when started.
 
-python-api.md, Client. A client built with handlers runs an engine when started
+A client built with handlers runs an engine when started
 (``async with client:``, :class:`cyclone.engine.Engine`): one claim loop per queue, the
 recovery sweep and the other background passes; the client itself keeps the producer
 and inspection calls, the publisher and the LISTEN connection. A client with no
 handlers never claims or scans; it only enqueues and inspects. Connections
-(decisions.md, Connections and pools):
+(docs/decisions.md, Connections and pools):
 
 * the lease pool, 2 autocommit connections for claims and heartbeats only, so that they
   never wait behind completions, the sweep or producer calls;
@@ -88,7 +88,7 @@ from cyclone.transitions import (
     resume_stmts,
     retry_plan,
 )
-from cyclone.worker import MAX_CLAIM_BATCH, Worker
+from cyclone.worker import MAX_CLAIM_BATCH, Worker, WorkerSettings
 from cyclone.workflow import Workflow
 
 __all__ = ["ENGINE_RESERVE", "LEASE_CONNECTIONS", "MAX_SLOTS", "Client"]
@@ -404,12 +404,15 @@ class Client:
         assert self._publisher is not None
         self._engine = Engine(
             EngineSettings(
-                owner=self.owner,
-                queues=self.queues,
-                lease_ttl=self.lease_ttl,
-                poll_interval=self.poll_interval,
-                claim_batch=self.claim_batch,
-                shutdown_grace=self.shutdown_grace,
+                worker=WorkerSettings(
+                    owner=self.owner,
+                    queues=dict(self.queues),
+                    lease_ttl=self.lease_ttl,
+                    poll_interval=self.poll_interval,
+                    claim_batch=self.claim_batch,
+                    shutdown_grace=self.shutdown_grace,
+                    pinned_search_path=self.settings.per_transaction,
+                ),
                 sweep_interval=self.sweep_interval,
                 max_reclaims=self.max_reclaims,
                 schedule_catch_up=self.schedule_catch_up,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +55,9 @@ class EngineSettings:
     """What an engine runs with, checked by the client that builds it.
 
     Attributes:
-        owner: the client's id, written into every lease it takes.
-        queues: queue name -> worker slots.
-        lease_ttl: seconds a claim's lease lasts without a heartbeat.
-        poll_interval: seconds between claims and scanner passes without a wakeup.
-        claim_batch: steps per claim statement (``None``: the free slots).
-        shutdown_grace: seconds a stop waits for running handlers.
+        worker: the worker's settings (owner, queues, lease TTL, poll interval, claim
+            batch, shutdown grace, pooler mode); the scanners share its owner and poll
+            interval.
         sweep_interval: seconds between recovery sweeps.
         max_reclaims: reclaims after which the sweep discards a step.
         schedule_catch_up: ``"latest"`` or ``"all"`` missed schedule slots.
@@ -69,12 +66,7 @@ class EngineSettings:
         pool_sizes: (async, sync) handler pool sizes.
     """
 
-    owner: str
-    queues: Mapping[str, int]
-    lease_ttl: float
-    poll_interval: float
-    claim_batch: int | None
-    shutdown_grace: float
+    worker: WorkerSettings
     sweep_interval: float
     max_reclaims: int
     schedule_catch_up: CatchUp
@@ -132,42 +124,18 @@ class Engine:
             psycopg_pool.PoolTimeout: a pool could not open (the caller stops the
                 engine: nothing is left half started).
         """
-        settings, connections = self.settings, self._connections
+        settings = self.settings
         await self._lease_pool.open(wait=True)
         async_size, sync_size = settings.pool_sizes
         if async_size:
-            self._async_tx_pool = AsyncConnectionPool(
-                connections.conninfo_for("cyclone-tx"),
-                min_size=0,
-                max_size=async_size,
-                kwargs=connections.kwargs(autocommit=False),
-                open=False,
-                name="cyclone-tx",
-                configure=connections.configure_async(),
-            )
+            self._async_tx_pool = AsyncConnectionPool(**self._tx_pool_options(async_size, True))
             await self._async_tx_pool.open()
         if sync_size:
-            self._sync_tx_pool = ConnectionPool(
-                connections.conninfo_for("cyclone-tx"),
-                min_size=0,
-                max_size=sync_size,
-                kwargs=connections.kwargs(autocommit=False),
-                open=False,
-                name="cyclone-tx-sync",
-                configure=connections.configure_sync(),
-            )
+            self._sync_tx_pool = ConnectionPool(**self._tx_pool_options(sync_size, False))
             await asyncio.to_thread(self._sync_tx_pool.open)
         config = self._config
         worker = Worker(
-            WorkerSettings(
-                owner=settings.owner,
-                queues=dict(settings.queues),
-                lease_ttl=settings.lease_ttl,
-                poll_interval=settings.poll_interval,
-                claim_batch=settings.claim_batch,
-                shutdown_grace=settings.shutdown_grace,
-                pinned_search_path=connections.per_transaction,
-            ),
+            settings.worker,
             handlers=config.handlers,
             pool=self._pool,
             lease_pool=self._lease_pool,
@@ -181,23 +149,38 @@ class Engine:
         )
         self.worker = worker
         listen()
+        queues = settings.worker.queues
         for handler in config.handlers.values():
-            if handler.options.queue not in settings.queues:
+            if handler.options.queue not in queues:
                 log.warning(
                     "kind %r defaults to queue %r, which this client does not serve "
                     "(queues %s): only its steps enqueued into a served queue will run here",
                     handler.kind,
                     handler.options.queue,
-                    sorted(settings.queues),
+                    sorted(queues),
                 )
         worker.start()
         self._start_scanners(worker)
         log.info(
             "client %s started: kinds %s, queues %s",
-            settings.owner,
+            settings.worker.owner,
             sorted(config.handlers),
-            dict(settings.queues),
+            dict(queues),
         )
+
+    def _tx_pool_options(self, size: int, is_async: bool) -> dict[str, Any]:
+        """Options of a handler pool for completion transactions (not autocommit)."""
+        connections = self._connections
+        configure = connections.configure_async() if is_async else connections.configure_sync()
+        return {
+            "conninfo": connections.conninfo_for("cyclone-tx"),
+            "min_size": 0,
+            "max_size": size,
+            "kwargs": connections.kwargs(autocommit=False),
+            "open": False,
+            "name": "cyclone-tx" if is_async else "cyclone-tx-sync",
+            "configure": configure,
+        }
 
     def _start_scanners(self, worker: Worker) -> None:
         settings, pool, publisher = self.settings, self._pool, self._publisher
@@ -205,11 +188,12 @@ class Engine:
         self.sweeper = Sweeper(
             pool, publisher, interval=settings.sweep_interval, max_reclaims=settings.max_reclaims
         )
+        interval = settings.worker.poll_interval
         self._spawn(self.sweeper.run(), "cyclone-sweep")
         waits = WaitScanner(
             pool,
             publisher,
-            interval=settings.poll_interval,
+            interval=interval,
             wake=worker.announce_available,
             definitions=definitions,
         )
@@ -219,8 +203,8 @@ class Engine:
         self.schedule_scanner = ScheduleScanner(
             pool,
             publisher,
-            owner=settings.owner,
-            interval=settings.poll_interval,
+            owner=settings.worker.owner,
+            interval=interval,
             definitions=definitions,
             catch_up=settings.schedule_catch_up,
         )

@@ -478,11 +478,7 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is not paused.
         """
-        rows = self._control(run_id_of(run), resume_stmts, "resumed", "paused")
-        woken = set(rows[0][1] or ()) - MARKS
-        if woken:
-            with self._connection() as conn:
-                self._publish(conn, woken, ())
+        self._control(run_id_of(run), resume_stmts, "resumed", "paused", wakes=True)
 
     def retry(
         self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
@@ -507,23 +503,32 @@ class SyncClient:
         return reset
 
     def _control(
-        self, run_id: int, stmts: Callable[[int], list[Stmt]], done: str, needed: str
-    ) -> list[tuple[Any, ...]]:
-        """Run a pause or resume in one transaction; its rows, or StateError /
-        NotFoundError naming why not. Like ``Client``'s, it sends no run-done wakeup:
-        the run is not finished."""
+        self,
+        run_id: int,
+        stmts: Callable[[int], list[Stmt]],
+        done: str,
+        needed: str,
+        *,
+        wakes: bool = False,
+    ) -> None:
+        """Run a pause or resume in one transaction, or raise StateError / NotFoundError
+        naming why not. With ``wakes`` (a resume) the queues its row names get their
+        wakeup after the commit, on the same connection. Like ``Client``'s, it sends no
+        run-done wakeup: the run is not finished."""
         with self._connection() as conn:
             if not conn.autocommit:
                 conn.commit()
             with conn.transaction():
                 stmts_ = [Stmt(Q.runs_read_committed), *stmts(run_id)]
                 rows = batch_sync(conn, stmts_, transaction=False)[-1]
+            woken = set(rows[0][1] or ()) - MARKS if wakes and rows else set()
+            if woken:
+                self._publish(conn, woken, ())
         if not rows:
             current = self.get_run(run_id)
             raise StateError(
                 f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
             )
-        return rows
 
     # -- schedules, retention ----------------------------------------------------
 

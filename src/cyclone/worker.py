@@ -1,11 +1,10 @@
 """The worker: claim loops, handler execution, heartbeats, completion, shutdown.
 
-engine-design, The Claiming Algorithm and Leases and Heartbeats. Each queue has its own
-claim loop and number of slots. A loop claims as many steps as it has free slots (up to
-``claim_batch``) in one statement, runs each handler in its own task, renews every
-held lease from one heartbeat ticker (:mod:`cyclone.heartbeats`: one statement a tick
-for all the leases due), and records the outcome with a CAS on state, owner and lease
-generation:
+Each queue has its own claim loop and number of slots. A loop claims as many steps as
+it has free slots (up to ``claim_batch``) in one statement (:mod:`cyclone.claims`),
+runs each handler in its own task, renews every held lease from one heartbeat ticker
+(:mod:`cyclone.heartbeats`: one statement a tick for all the leases due), and records
+the outcome with a CAS on state, owner and lease generation:
 
 * output without a completion transaction: handed to the completer, which completes
   many steps in one transaction (each row keeps its own CAS);
@@ -142,7 +141,7 @@ class Worker:
             parents=parents,
         )
         self.outputs = self._claimer.outputs
-        """Upstream outputs read for input resolution (engine-design, Output Resolution)."""
+        """Upstream outputs read to assemble data-edge inputs (the claimer's cache)."""
         self._pool = pool
         self._lease_pool = lease_pool
         self._slots = slots
