@@ -25,7 +25,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, Self, TypeVar, Unpack
 
@@ -39,10 +39,10 @@ from cyclone.connections import (
     borrow_async,
     connect_failure,
 )
+from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
 from cyclone.dbio import (
     Plan,
     Stmt,
-    batch_async,
     fetch_async,
     fetch_dicts_async,
     run_plan_async,
@@ -76,18 +76,13 @@ from cyclone.records import Enqueued, Run, RunRef, Schedule, Step, Submitted, ru
 from cyclone.scanners.purge import Purger, purge_async
 from cyclone.scanners.schedules import ScheduleScanner
 from cyclone.scanners.sweep import Sweeper
-from cyclone.scanners.waits import MARKS, WaitScanner
+from cyclone.scanners.waits import WaitScanner
 from cyclone.schedules import CatchUp, create_plan, set_enabled_plan, update_plan
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import (
-    cancel_stmts,
-    pause_stmts,
-    resume_stmts,
-    retry_plan,
-)
+from cyclone.wakeups import Announcer, Wakeups
 from cyclone.worker import MAX_CLAIM_BATCH, Worker, WorkerSettings
 from cyclone.workflow import Workflow
 
@@ -275,6 +270,7 @@ class Client:
 
         self._engine_pool = self._new_pool()
         self._publisher: Publisher | None = None
+        self._announcer: Announcer | None = None
         self._inline_wakeups = True  # enqueue carries its NOTIFY (False: the role may not)
         self._listener: Listener | None = None
         self._engine: Engine | None = None
@@ -378,6 +374,7 @@ class Client:
             await self._engine_pool.open()
             self._publisher = Publisher(self._engine_pool, coalesce=self.notify_coalesce)
             self._publisher.start()
+            self._announcer = Announcer(self._publisher)
             self._opened = True
 
     async def start(self) -> None:
@@ -401,7 +398,7 @@ class Client:
             raise
 
     async def _start_engine(self) -> None:
-        assert self._publisher is not None
+        assert self._announcer is not None
         self._engine = Engine(
             EngineSettings(
                 worker=WorkerSettings(
@@ -423,7 +420,7 @@ class Client:
             config=self.config,
             connections=self.settings,
             pool=self._engine_pool,
-            publisher=self._publisher,
+            announcer=self._announcer,
         )
         await self._engine.start(listen=self._ensure_listener)
 
@@ -461,7 +458,7 @@ class Client:
             self._listener = None
         if self._publisher is not None:
             await self._publisher.close()
-            self._publisher = None
+            self._publisher = self._announcer = None
         if self._opened:
             await self._engine_pool.close()
         self._engine_pool = self._new_pool()
@@ -610,7 +607,7 @@ class Client:
                 conn, enqueue_plan(request), keyed=request.submit_keys is not None
             )
         if not result.duplicate:
-            self._announce(request.queue)
+            self._announce(Wakeups.of_queues((request.queue,)))
         return result
 
     async def _enqueue_one(
@@ -645,7 +642,7 @@ class Client:
         if not conn.autocommit:
             await conn.commit()
         if wake is None:  # inside the window, or no inline wakeups: after the commit
-            self._announce(request.queue)
+            self._announce(Wakeups.of_queues((request.queue,)))
         return enqueued_from_rows(rows)[0]
 
     async def _insert(
@@ -660,12 +657,8 @@ class Client:
         rows = await fetch_async(conn, stmt)
         if not conn.autocommit:
             await conn.commit()
-        self._announce(queue)
+        self._announce(Wakeups.of_queues((queue,)))
         return rows
-
-    def _announce(self, queue: str) -> None:
-        assert self._publisher is not None
-        self._publisher.available((queue,))
 
     async def enqueue_tx(
         self,
@@ -721,7 +714,7 @@ class Client:
                 return enqueued_from_rows(rows)
             handles = await _own_transaction(conn, enqueue_many_plan(request), keyed=True)
         if not all(handle.duplicate for handle in handles):
-            self._announce(request.queue)
+            self._announce(Wakeups.of_queues((request.queue,)))
         return handles
 
     async def enqueue_many_tx(
@@ -772,8 +765,7 @@ class Client:
             if not conn.autocommit:
                 await conn.commit()
         if not result.duplicate:
-            assert self._publisher is not None
-            self._publisher.available(request.workflow.queues)
+            self._announce(Wakeups.of_queues(request.workflow.queues))
         return result
 
     async def submit_tx(
@@ -819,10 +811,7 @@ class Client:
         encoded = encode_json(PLAIN.encode(payload), f"payload of signal {name!r}")
         async with self._engine_connection() as conn, conn.transaction():
             stored, settled = await run_plan_async(conn, signal_plan(run_id, name, encoded))
-        self._announce_woken(set(settled.woken))
-        if settled.finished:
-            assert self._publisher is not None
-            self._publisher.run_done(settled.finished)
+        self._announce(settled.wakeups, settled.finished)
         return stored
 
     # -- inspection and control ----------------------------------------------------
@@ -874,27 +863,20 @@ class Client:
             NotFoundError: no run has that id.
             StateError: the run is already completed, failed or cancelled.
         """
-        run_id = run_id_of(run)
-        async with self._engine_connection() as conn:
-            rows = await batch_async(conn, cancel_stmts(run_id), transaction=True)
-        if not rows[-1]:
-            current = await self.get_run(run_id)
-            raise StateError(f"run {run_id} is already {current.state.value}")
-        assert self._publisher is not None
-        self._publisher.run_done((run_id,))
+        await self._operate(cancel_plan(run_id_of(run)))
 
     async def pause(self, run: RunRef) -> None:
         """Pause a running run: no new step of it is claimed; running steps finish.
 
-        decisions.md, Pause: pending and available steps become ``paused``; waiting
-        steps keep waiting, and their timeouts and the run's deadline move forward by
-        the pause length at :meth:`resume`.
+        Pending and available steps become ``paused``; waiting steps keep waiting, and
+        their timeouts and the run's deadline move forward by the pause length at
+        :meth:`resume`.
 
         Raises:
             NotFoundError: no run has that id.
             StateError: the run is not running.
         """
-        await self._control(run, pause_stmts, "paused", "running")
+        await self._operate(pause_plan(run_id_of(run)))
 
     async def resume(self, run: RunRef) -> None:
         """Resume a paused run (see :meth:`pause`).
@@ -903,8 +885,7 @@ class Client:
             NotFoundError: no run has that id.
             StateError: the run is not paused.
         """
-        rows = await self._control(run, resume_stmts, "resumed", "paused")
-        self._announce_woken(set(rows[0][1] or ()))
+        await self._operate(resume_plan(run_id_of(run)))
 
     async def retry(
         self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
@@ -929,34 +910,20 @@ class Client:
         if node is not None:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
-        run_id = run_id_of(run)
+        return await self._operate(retry_plan(run_id_of(run), node, limit))
+
+    async def _operate(self, plan: Plan[Outcome[T]]) -> T:
+        """Run an operator plan in one transaction; announce its outcome after the
+        commit; its value."""
         async with self._engine_connection() as conn, conn.transaction():
-            reset, woken, _ = await run_plan_async(conn, retry_plan(run_id, node, limit))
-        self._announce_woken(woken)
-        return reset
+            outcome = await run_plan_async(conn, plan)
+        self._announce(outcome.wakeups, outcome.finished)
+        return outcome.value
 
-    async def _control(
-        self, run: RunRef, stmts: Callable[[int], list[Stmt]], done: str, needed: str
-    ) -> list[tuple[Any, ...]]:
-        """Run a pause or resume; its row, or StateError / NotFoundError naming why not."""
-        run_id = run_id_of(run)
-        async with self._engine_connection() as conn:
-            rows = (await batch_async(conn, stmts(run_id), transaction=True))[-1]
-        if not rows:
-            current = await self.get_run(run_id)
-            raise StateError(
-                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
-            )
-        return rows
-
-    def _announce_woken(self, woken: set[str]) -> None:
-        assert self._publisher is not None
-        if woken & MARKS:
-            if self.wait_scanner is not None:
-                self.wait_scanner.kick_for(woken & MARKS)
-            woken -= MARKS
-        if woken:
-            self._publisher.available(woken)
+    def _announce(self, wakeups: Wakeups, finished: Iterable[int] = ()) -> None:
+        """After a commit: wake for it (this client's engine, every listener)."""
+        assert self._announcer is not None
+        self._announcer.announce(wakeups, finished)
 
     # -- schedules, retention, monitoring ---------------------------------------
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import batch_async
+from cyclone.graph import parse_advanced
 from cyclone.retry import WRITE_RETRIES, error_backoff
-from cyclone.transitions import Claimed, complete_stmts, parse_completed
+from cyclone.transitions import Claimed, complete_stmts
+from cyclone.wakeups import Announcer
 
 __all__ = ["MAX_BATCH", "Completer"]
 
@@ -40,12 +41,10 @@ class Completer:
         pool: AsyncConnectionPool[Any],
         *,
         batch: int,
-        woken: Callable[[set[str]], None],
-        ended: Callable[[set[int]], None],
+        announcer: Announcer,
     ) -> None:
         self._pool = pool
-        self._woken = woken
-        self._ended = ended  # announces, after the commit, every run the batch ended
+        self._announcer = announcer  # after the commit: wakeups, every run the batch ended
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
         self._ready = asyncio.Event()
@@ -120,11 +119,9 @@ class Completer:
                 for item in batch:
                     await self._flush([item])
                 return
-        done, finished, woken = parse_completed(rows)
-        if woken:
-            self._woken(woken)
-        if finished:  # the batch's runs, and child runs runs_cancel_children cancelled
-            self._ended(finished)
+        advanced = parse_advanced(rows[1:])
+        # the batch's runs that finished, and child runs runs_cancel_children cancelled
+        self._announcer.announce(advanced.wakeups, advanced.finished)
         for step, _, future in batch:
             if not future.done():
-                future.set_result((step.id in done, step.run_id in finished))
+                future.set_result((step.id in advanced.done, step.run_id in advanced.finished))

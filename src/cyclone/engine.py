@@ -1,9 +1,9 @@
 """The engine of a started client with handlers: the worker and the background passes.
 
 ``Client`` is the façade: producer and inspection calls, on its engine pool (or the
-pool passed in), its publisher and its LISTEN connection. When a client with handlers
-starts, it builds one :class:`Engine` on those and starts it; the engine owns
-everything only a worker needs:
+pool passed in), its announcer (:mod:`cyclone.wakeups`) and its LISTEN connection.
+When a client with handlers starts, it builds one :class:`Engine` on those and starts
+it; the engine owns everything only a worker needs:
 
 * the lease pool (claims and heartbeats, :data:`LEASE_CONNECTIONS` connections) and the
   handler pools for completion transactions (async and sync, sized by the client);
@@ -31,12 +31,12 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from cyclone.completion import TxSlots
 from cyclone.config import ClientConfig
 from cyclone.connections import ConnectionSettings
-from cyclone.notify import Publisher
 from cyclone.scanners.purge import Purger
 from cyclone.scanners.schedules import ScheduleScanner
 from cyclone.scanners.sweep import Sweeper
 from cyclone.scanners.waits import WaitScanner
 from cyclone.schedules import CatchUp
+from cyclone.wakeups import Announcer
 from cyclone.worker import Worker, WorkerSettings
 
 __all__ = ["LEASE_CONNECTIONS", "Engine", "EngineSettings"]
@@ -85,13 +85,13 @@ class Engine:
         config: ClientConfig,
         connections: ConnectionSettings,
         pool: AsyncConnectionPool[Any],
-        publisher: Publisher,
+        announcer: Announcer,
     ) -> None:
         self.settings = settings
         self._config = config
         self._connections = connections
         self._pool = pool
-        self._publisher = publisher
+        self._announcer = announcer
         self._lease_pool = AsyncConnectionPool(
             connections.conninfo_for("cyclone-lease"),
             min_size=1,
@@ -141,13 +141,14 @@ class Engine:
             lease_pool=self._lease_pool,
             slots=TxSlots(settings.tx_slots, asyncio.get_running_loop()),
             tx_pools=(self._async_tx_pool, self._sync_tx_pool),
-            publisher=self._publisher,
+            announcer=self._announcer,
             build_request=config.request,
             build_submit=config.submit_request,
             workflows=config.workflows,
             parents=config.parents,
         )
         self.worker = worker
+        self._announcer.local = worker.wake
         listen()
         queues = settings.worker.queues
         for handler in config.handlers.values():
@@ -183,26 +184,20 @@ class Engine:
         }
 
     def _start_scanners(self, worker: Worker) -> None:
-        settings, pool, publisher = self.settings, self._pool, self._publisher
+        settings, pool, announcer = self.settings, self._pool, self._announcer
         definitions = self._config.definitions
         self.sweeper = Sweeper(
-            pool, publisher, interval=settings.sweep_interval, max_reclaims=settings.max_reclaims
+            pool, announcer, interval=settings.sweep_interval, max_reclaims=settings.max_reclaims
         )
         interval = settings.worker.poll_interval
         self._spawn(self.sweeper.run(), "cyclone-sweep")
-        waits = WaitScanner(
-            pool,
-            publisher,
-            interval=interval,
-            wake=worker.announce_available,
-            definitions=definitions,
-        )
+        waits = WaitScanner(pool, announcer, interval=interval, definitions=definitions)
         self.wait_scanner = waits
-        worker.on_wait = waits.kick_for
+        announcer.scanner = waits
         self._spawn(waits.run(), "cyclone-waits")
         self.schedule_scanner = ScheduleScanner(
             pool,
-            publisher,
+            announcer,
             owner=settings.worker.owner,
             interval=interval,
             definitions=definitions,
@@ -250,6 +245,8 @@ class Engine:
                 await task
         self._tasks.clear()
         self.sweeper = self.wait_scanner = self.schedule_scanner = self.purger = None
+        self._announcer.scanner = None
+        self._announcer.local = None
         if self._async_tx_pool is not None:
             await self._async_tx_pool.close()
             self._async_tx_pool = None

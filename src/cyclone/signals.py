@@ -23,9 +23,10 @@ from typing import Any
 
 from cyclone.dbio import Plan, Rows, Stmt, int_array
 from cyclone.errors import NotFoundError, ValidationError
+from cyclone.graph import Completion, advance_stmts, parse_advanced
 from cyclone.sql import Q
 from cyclone.states import TERMINAL_STEP_STATES, RunState, StepState
-from cyclone.transitions import cancel_children_stmt, expand_stmt, parse_completed
+from cyclone.wakeups import NO_WAKEUPS, Wakeups
 
 __all__ = ["Settled", "SignalWait", "satisfied", "settle_plan", "signal_plan"]
 
@@ -63,10 +64,10 @@ class SignalWait:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """What settling waits did: runs finished, queues woken, waits completed."""
+    """What settling waits did: runs finished, what to wake, waits completed."""
 
     finished: frozenset[int] = frozenset()
-    woken: frozenset[str] = frozenset()
+    wakeups: Wakeups = NO_WAKEUPS
     completed: int = 0
 
 
@@ -97,7 +98,7 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
     waits = [SignalWait.from_row(r) for r in (yield Stmt(Q.signals_waits, {"run_ids": ids}))]
     rows = yield Stmt(Q.signals_unconsumed, {"run_ids": ids})
     consumed: list[tuple[int, str]] = []
-    items: list[str] = []
+    items: list[Completion] = []
     for wait in waits:
         mailbox = [(r[0], r[2], r[3]) for r in rows if r[1] == wait.run_id]
         taken = {i for i, _ in consumed}
@@ -106,20 +107,20 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
             continue
         signal_ids, output = decision
         consumed.extend((i, wait.node) for i in signal_ids)
-        items.append(f'[{wait.id},null,null,{output},"{StepState.WAITING_SIGNAL.value}"]')
+        items.append(
+            Completion(wait.id, wait.run_id, output, waiting=StepState.WAITING_SIGNAL.value)
+        )
     if not items:
         return Settled()
     yield Stmt(
         Q.signals_consume,
         {"ids": [i for i, _ in consumed], "nodes": [n for _, n in consumed]},
     )
-    lock: Rows = []
-    done = yield Stmt(Q.steps_complete_dag, {"dag_steps": f"[{','.join(items)}]"})
-    expanded = yield expand_stmt(run_ids)
-    completed, finished, woken = parse_completed([lock, done, expanded])
-    if finished:  # a run that completes cancels its active child runs
-        finished |= {row[1] for row in (yield cancel_children_stmt(finished))}
-    return Settled(frozenset(finished), frozenset(woken), len(completed))
+    results: list[Rows] = []
+    for stmt in advance_stmts(items):  # a run that completes cancels its child runs
+        results.append((yield stmt))
+    advanced = parse_advanced(results)
+    return Settled(advanced.finished, advanced.wakeups, len(advanced.done))
 
 
 def signal_plan(run_id: int, name: str, payload: str) -> Plan[tuple[bool, Settled]]:

@@ -84,10 +84,13 @@ TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
 
 S = StepState
 STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
-    (S.PENDING, S.AVAILABLE): "DAG advance: its last parent completed (completion transaction)",
-    (S.PENDING, S.WAITING_TIMER): "DAG advance reached a sleep node (completion transaction)",
-    (S.PENDING, S.WAITING_SIGNAL): "DAG advance reached a signal wait (completion transaction)",
-    (S.PENDING, S.WAITING_CHILD): "DAG advance reached a child node (completion transaction)",
+    (S.PENDING, S.AVAILABLE): (
+        "DAG advance: its last parent completed (completion transaction); graph_restore "
+        "after a resume or an operator retry"
+    ),
+    (S.PENDING, S.WAITING_TIMER): "DAG advance or graph_restore reached a sleep node",
+    (S.PENDING, S.WAITING_SIGNAL): "DAG advance or graph_restore reached a signal wait",
+    (S.PENDING, S.WAITING_CHILD): "DAG advance or graph_restore reached a child node",
     (S.PENDING, S.COMPLETED): (
         "fan-out scanner: every item of the fan-out node completed (or its list was empty)"
     ),
@@ -102,25 +105,22 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.WAITING_TIMER, S.COMPLETED): "wait scanner: scheduled_at passed",
     (S.WAITING_SIGNAL, S.COMPLETED): "signal delivery or wait scanner: the mailbox holds enough",
     (S.WAITING_SIGNAL, S.DISCARDED): "wait scanner: the wait's timeout passed (signal_timeout)",
-    (S.PENDING, S.PAUSED): "pause of the run",
+    (S.PENDING, S.PAUSED): "pause of the run; the advance parks a node it reaches in a paused run",
     (S.AVAILABLE, S.PAUSED): "pause of the run",
     (S.RUNNING, S.PAUSED): "failed attempt, reclaim or release while the run is paused",
-    (S.PAUSED, S.PENDING): "resume: a parent is not completed",
-    (S.PAUSED, S.AVAILABLE): "resume: all parents completed",
-    (S.PAUSED, S.WAITING_TIMER): "resume: a reached sleep node starts its wait",
-    (S.PAUSED, S.WAITING_SIGNAL): "resume: a reached signal wait starts its wait",
-    (S.PAUSED, S.WAITING_CHILD): "resume: a reached child node waits for its child run",
+    (S.PAUSED, S.PENDING): (
+        "resume: every paused step, in the resume transaction (graph_restore then reaches "
+        "those with no unmet dependency)"
+    ),
     (S.PAUSED, S.DISCARDED): "an item of a paused run's fan-out node discarded",
-    (S.DISCARDED, S.AVAILABLE): "operator retry (parents completed)",
-    (S.DISCARDED, S.PENDING): "operator retry (a parent not completed)",
-    (S.CANCELLED, S.AVAILABLE): "operator retry (parents completed)",
-    (S.CANCELLED, S.PENDING): "operator retry (a parent not completed)",
-    (S.DISCARDED, S.WAITING_TIMER): "operator retry of a sleep node (parents completed)",
-    (S.DISCARDED, S.WAITING_SIGNAL): "operator retry of a signal wait (parents completed)",
-    (S.DISCARDED, S.WAITING_CHILD): "operator retry of a child node (parents completed)",
-    (S.CANCELLED, S.WAITING_TIMER): "operator retry of a sleep node (parents completed)",
-    (S.CANCELLED, S.WAITING_SIGNAL): "operator retry of a signal wait (parents completed)",
-    (S.CANCELLED, S.WAITING_CHILD): "operator retry of a child node (parents completed)",
+    (S.DISCARDED, S.PENDING): (
+        "operator retry: the steps it resets (graph_restore then reaches those with no "
+        "unmet dependency)"
+    ),
+    (S.CANCELLED, S.PENDING): (
+        "operator retry: the steps it resets (graph_restore then reaches those with no "
+        "unmet dependency)"
+    ),
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (

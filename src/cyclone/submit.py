@@ -110,7 +110,7 @@ def compile_workflow(
             {
                 "node": node_id,
                 "kind": spec.kind,
-                "state": "pending" if edges else _READY_STATE.get(spec.kind, "available"),
+                "root": not edges,
                 "input": None if spec.input is None else json.loads(spec.input),
                 "input_from": spec.input_from,
                 "queue": options.queue,
@@ -163,16 +163,13 @@ def compile_workflow(
     )
 
 
-_READY_STATE = {
-    "@sleep": "waiting_timer",
-    "@signal": "waiting_signal",
-    "@child": "waiting_child",
-}
-"""The state a wait node enters when it is reached (a handler node: available)."""
+_WAIT_KINDS = frozenset({"@sleep", "@signal", "@child"})
+"""The kinds of wait nodes, which run no handler. The state each enters when it is
+reached is decided in SQL, by cyclone_reached_state_v1 (migration 5)."""
 
 
 def _node_options(wf: Workflow, spec: NodeSpec, registry: Mapping[str, Handler]) -> JobOptions:
-    if spec.kind in _READY_STATE:
+    if spec.kind in _WAIT_KINDS:
         return JobOptions()
     handler = spec.handler or registry.get(spec.kind)
     if handler is None:

@@ -9,7 +9,7 @@ their own transaction.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Self, TypeVar, Unpack
@@ -24,10 +24,10 @@ from cyclone.connections import (
     borrow_sync,
     connect_failure,
 )
-from cyclone.dbio import Plan, Stmt, batch_sync, fetch_dicts_sync, fetch_sync, run_plan_sync
+from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
+from cyclone.dbio import Plan, Stmt, fetch_dicts_sync, fetch_sync, run_plan_sync
 from cyclone.errors import (
     NotFoundError,
-    StateError,
     ValidationError,
     WaitTimeout,
 )
@@ -49,18 +49,11 @@ from cyclone.producer import (
 )
 from cyclone.records import Enqueued, Run, RunRef, Schedule, Step, Submitted, run_id_of
 from cyclone.scanners.purge import purge_sync
-from cyclone.scanners.waits import MARKS
 from cyclone.schedules import create_plan, set_enabled_plan, update_plan
 from cyclone.signals import signal_plan
 from cyclone.sql import Q
 from cyclone.states import RunState
 from cyclone.submit import SubmitOptions, submit_plan
-from cyclone.transitions import (
-    cancel_stmts,
-    pause_stmts,
-    resume_stmts,
-    retry_plan,
-)
 from cyclone.workflow import Workflow
 
 __all__ = ["SyncClient"]
@@ -382,9 +375,8 @@ class SyncClient:
                 conn.commit()
             with conn.transaction():
                 stored, settled = run_plan_sync(conn, signal_plan(run_id, name, encoded))
-            queues = set(settled.woken) - MARKS
-            if queues or settled.finished:
-                self._publish(conn, queues, settled.finished)
+            if settled.wakeups.queues or settled.finished:
+                self._publish(conn, settled.wakeups.queues, settled.finished)
         return stored
 
     def track_wakeups(self, conn: psycopg.Connection[Any]) -> WakeupTracker:
@@ -449,18 +441,7 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is already completed, failed or cancelled.
         """
-        run_id = run_id_of(run)
-        with self._connection() as conn:
-            if conn.autocommit:
-                rows = batch_sync(conn, cancel_stmts(run_id), transaction=True)
-            else:
-                with conn.transaction():
-                    rows = batch_sync(conn, cancel_stmts(run_id), transaction=False)
-            if rows[-1]:
-                self._publish(conn, (), (run_id,))
-        if not rows[-1]:
-            current = self.get_run(run_id)
-            raise StateError(f"run {run_id} is already {current.state.value}")
+        self._operate(cancel_plan(run_id_of(run)))
 
     def pause(self, run: RunRef) -> None:
         """Pause a running run (see ``Client.pause``).
@@ -469,7 +450,7 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is not running.
         """
-        self._control(run_id_of(run), pause_stmts, "paused", "running")  # no wakeup
+        self._operate(pause_plan(run_id_of(run)))
 
     def resume(self, run: RunRef) -> None:
         """Resume a paused run (see ``Client.resume``).
@@ -478,7 +459,7 @@ class SyncClient:
             NotFoundError: no run has that id.
             StateError: the run is not paused.
         """
-        self._control(run_id_of(run), resume_stmts, "resumed", "paused", wakes=True)
+        self._operate(resume_plan(run_id_of(run)))
 
     def retry(
         self, run: RunRef, node: str | None = None, *, deadline: Duration | None = None
@@ -493,42 +474,21 @@ class SyncClient:
         if node is not None:
             check_text(node, "node")
         limit = seconds(deadline, "deadline")
-        run_id = run_id_of(run)
-        with self._connection() as conn:
-            if not conn.autocommit:
-                conn.commit()
-            with conn.transaction():
-                reset, woken, _ = run_plan_sync(conn, retry_plan(run_id, node, limit))
-            self._publish(conn, woken - MARKS, ())
-        return reset
+        return self._operate(retry_plan(run_id_of(run), node, limit))
 
-    def _control(
-        self,
-        run_id: int,
-        stmts: Callable[[int], list[Stmt]],
-        done: str,
-        needed: str,
-        *,
-        wakes: bool = False,
-    ) -> None:
-        """Run a pause or resume in one transaction, or raise StateError / NotFoundError
-        naming why not. With ``wakes`` (a resume) the queues its row names get their
-        wakeup after the commit, on the same connection. Like ``Client``'s, it sends no
-        run-done wakeup: the run is not finished."""
+    def _operate(self, plan: Plan[Outcome[T]]) -> T:
+        """Run an operator plan in one transaction; after the commit, publish its
+        wakeups and finished runs on the same connection; its value. A sync client runs
+        no scanner: the scanner passes an outcome asks for come from the engines'
+        polling."""
         with self._connection() as conn:
             if not conn.autocommit:
                 conn.commit()
             with conn.transaction():
-                stmts_ = [Stmt(Q.runs_read_committed), *stmts(run_id)]
-                rows = batch_sync(conn, stmts_, transaction=False)[-1]
-            woken = set(rows[0][1] or ()) - MARKS if wakes and rows else set()
-            if woken:
-                self._publish(conn, woken, ())
-        if not rows:
-            current = self.get_run(run_id)
-            raise StateError(
-                f"run {run_id} cannot be {done}: it is {current.state.value}, not {needed}"
-            )
+                outcome = run_plan_sync(conn, plan)
+            if outcome.wakeups.queues or outcome.finished:
+                self._publish(conn, outcome.wakeups.queues, outcome.finished)
+        return outcome.value
 
     # -- schedules, retention ----------------------------------------------------
 

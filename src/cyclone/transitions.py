@@ -7,15 +7,19 @@ run rows first (``runs_lock``), so every writer takes locks in one order.
 
 from __future__ import annotations
 
-import heapq
-import json
 import traceback
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Plan, Rows, Stmt, int_array, text_array
-from cyclone.errors import Discard, NotFoundError, StateError, ValidationError
+from cyclone.dbio import Rows, Stmt, int_array, text_array
+from cyclone.errors import Discard
+from cyclone.graph import (
+    Completion,
+    advance_stmts,
+    cancel_children_stmt,
+    completions_json,
+)
 from cyclone.inputs import parse_bindings
 from cyclone.options import micros
 from cyclone.payloads import clean_text
@@ -26,25 +30,16 @@ __all__ = [
     "MISMATCH_DELAY",
     "Claimed",
     "Failure",
-    "cancel_children_stmt",
-    "cancel_stmts",
     "claim_stmt",
     "complete_stmts",
     "decide_failure",
-    "expand_stmt",
     "failure_stmts",
     "heartbeat_stmt",
     "mismatch_stmt",
     "parse_claimed",
-    "parse_completed",
     "parse_heartbeat",
-    "pause_stmts",
     "reclaim_stmts",
     "release_stmt",
-    "resume_stmts",
-    "retry_outcome",
-    "retry_plan",
-    "retry_stmts",
     "sequence_recheck_stmts",
 ]
 
@@ -184,76 +179,40 @@ def parse_heartbeat(rows: Rows) -> tuple[set[tuple[int, str]], set[tuple[int, st
     return renewed, busy
 
 
-def _completions(items: Sequence[tuple[Claimed, str | None]]) -> str:
-    rows = ",".join(
-        f"[{step.id},{step.generation},{json.dumps(step.owner)},"
-        f"{'null' if output is None else output}]"
-        for step, output in items
+def _held(step: Claimed, output: str | None) -> Completion:
+    return Completion(
+        step.id,
+        step.run_id,
+        output,
+        owner=step.owner,
+        generation=step.generation,
+        fan_out=step.has_fan_out,
+        children=step.has_children,
     )
-    return f"[{rows}]"
 
 
 def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
-    """Complete steps with their outputs (JSON text or ``None``): lock runs, then CAS.
+    """Complete held steps with their outputs (JSON text or ``None``): lock runs, then
+    CAS each one on its lease.
 
     Each output is JSON text made by ``encode_json``; a batch travels as one JSON text
-    of ``[id, generation, owner, output]`` quadruples. Steps of standalone runs take the
-    lean ``steps_complete``; workflow steps take ``steps_complete_dag``, which also
-    advances their runs; a mixed batch runs both in the one transaction. A run whose
-    definition has child nodes adds ``runs_cancel_children`` (a run that ends cancels
-    its active child runs); jobs and other workflows never pay for it.
+    (:class:`cyclone.graph.Completion`). Steps of standalone runs take the lean
+    ``steps_complete``; workflow steps take :func:`cyclone.graph.advance_stmts`, which
+    also advance their runs (expanding fan-out nodes only for runs whose definition has
+    them, cancelling child runs only for runs whose definition has child nodes); a mixed
+    batch runs both in the one transaction.
 
-    Returns the statements for one transaction; pass all their results to
-    :func:`parse_completed`.
+    Returns the statements for one transaction; read the results after the first
+    (``runs_lock``) with :func:`cyclone.graph.parse_advanced`.
     """
-    jobs = [item for item in items if item[0].def_version == "job"]
-    dag = [item for item in items if item[0].def_version != "job"]
+    jobs = [_held(step, output) for step, output in items if step.def_version == "job"]
+    dag = [_held(step, output) for step, output in items if step.def_version != "job"]
     stmts = [Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})})]
     if jobs:
-        stmts.append(Stmt(Q.steps_complete, {"steps": _completions(jobs)}))
+        stmts.append(Stmt(Q.steps_complete, {"steps": completions_json(jobs)}))
     if dag:
-        stmts.append(Stmt(Q.steps_complete_dag, {"dag_steps": _completions(dag)}))
-        fan_out_runs = {step.run_id for step, _ in dag if step.has_fan_out}
-        if fan_out_runs:
-            stmts.append(expand_stmt(fan_out_runs))
-        parents = {step.run_id for step, _ in dag if step.has_children}
-        if parents:
-            stmts.append(cancel_children_stmt(parents))
+        stmts.extend(advance_stmts(dag))
     return stmts
-
-
-def cancel_children_stmt(run_ids: Iterable[int]) -> Stmt:
-    """Cancel the active child runs (and all active below them) of ``run_ids``, locked
-    runs that ended, or whose child node ended, in this transaction
-    (``runs_cancel_children``); :func:`parse_completed` reads its rows as finished runs."""
-    return Stmt(Q.runs_cancel_children, {"ended_runs": int_array(run_ids)})
-
-
-def expand_stmt(run_ids: Iterable[int]) -> Stmt:
-    """Insert the item tasks of fan-out nodes of ``run_ids`` reached by the completions
-    before it in the transaction (``steps_expand_fan_outs``)."""
-    return Stmt(Q.steps_expand_fan_outs, {"fan_out_runs": int_array(run_ids)})
-
-
-def parse_completed(results: Sequence[Rows]) -> tuple[set[int], set[int], set[str]]:
-    """From the results of :func:`complete_stmts`: ids of steps completed, of runs
-    finished (child runs cancelled by ``runs_cancel_children`` included), and the queues
-    where the advance made steps available."""
-    done: set[int] = set()
-    finished: set[int] = set()
-    woken: set[str] = set()
-    for rows in results[1:]:  # after runs_lock
-        for row in rows:
-            if row[0] is None:  # a row of steps_expand_fan_outs or runs_cancel_children
-                woken.update(row[3] or ())
-                if row[2]:
-                    finished.add(row[1])
-                continue
-            done.add(row[0])
-            if row[2]:
-                finished.add(row[1])
-            woken.update(row[3] or ())
-    return done, finished, woken
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,7 +267,7 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     """The statements recording ``failure``, and whether they form one transaction.
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
-    resolves the run (runs_resolve_discard: fail fast, or cancel the branch), in one
+    resolves the run (graph_resolve_discard: fail fast, or cancel the branch), in one
     transaction; when the run's definition has child nodes, ``runs_cancel_children``
     follows (the run, or the branch of a child node, may have ended). Either way the CAS
     is the statement at index :data:`FAILURE_CAS`.
@@ -326,7 +285,7 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     stmts = [
         Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(Q.steps_discard, params),
-        Stmt(Q.runs_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
+        Stmt(Q.graph_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
     ]
     if step.has_children:
         stmts.append(cancel_children_stmt([step.run_id]))
@@ -412,113 +371,6 @@ def reclaim_stmts(
                 "error": f"{reason}; reclaimed {reclaims} times, max_reclaims is {max_reclaims}",
             },
         ),
-        Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}),
+        Stmt(Q.graph_resolve_discard, {"run_id": run_id, "step_id": step_id}),
         cancel_children_stmt([run_id]),
     ], True
-
-
-def cancel_stmts(run_id: int) -> list[Stmt]:
-    """Cancel a run and its active steps: lock the run, then ``runs_cancel``."""
-    return [
-        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
-        Stmt(Q.runs_cancel, {"run_id": run_id}),
-    ]
-
-
-def pause_stmts(run_id: int) -> list[Stmt]:
-    """Pause a running run: lock it, then ``runs_pause``."""
-    return [
-        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
-        Stmt(Q.runs_pause, {"run_id": run_id}),
-    ]
-
-
-def resume_stmts(run_id: int) -> list[Stmt]:
-    """Resume a paused run: lock it, then ``runs_resume``."""
-    return [
-        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
-        Stmt(Q.runs_resume, {"run_id": run_id}),
-    ]
-
-
-def retry_stmts(run_id: int, node: str | None, deadline: float | None) -> list[Stmt]:
-    """Operator retry: lock the run, then ``runs_retry`` (``deadline`` in seconds)."""
-    return [
-        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
-        Stmt(
-            Q.runs_retry,
-            {"run_id": run_id, "node": node, "deadline_us": micros(deadline)},
-        ),
-    ]
-
-
-def retry_outcome(run_id: int, node: str | None, row: tuple[Any, ...]) -> tuple[int, set[str]]:
-    """Read the ``runs_retry`` row: the steps reset and the queues to wake.
-
-    Raises:
-        NotFoundError: no run has that id.
-        ValidationError: ``node`` is not a node of the run.
-        StateError: the run is paused, a discarded step would stay behind, or there is
-            nothing to retry.
-    """
-    reset, woken, run_state, blocked, node_found, _ = row
-    if run_state is None:
-        raise NotFoundError(f"run {run_id} does not exist")
-    if not node_found:
-        raise ValidationError(f"run {run_id} has no node {node!r}")
-    if run_state == "paused":
-        raise StateError(f"run {run_id} is paused: resume it, then retry")
-    if blocked:
-        raise StateError(
-            f"run {run_id}: discarded node(s) {blocked} would stay behind; "
-            "retry them too (or the whole run)"
-        )
-    if not reset:
-        raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
-    return int(reset), set(woken or ())
-
-
-def retry_plan(
-    run_id: int, node: str | None, deadline: float | None
-) -> Plan[tuple[int, set[str], list[int]]]:
-    """Operator retry in the current transaction, the whole run tree included: a reset
-    child node reopens its existing child run, retried the same way, so its own reset
-    child nodes reopen theirs, down to the last level (docs/workflows.md, "Pause,
-    resume and operator retry"). A grandchild left failed or cancelled would make its
-    parent node fail again at once.
-
-    Runs are locked and retried in ascending id order (a min-heap: a child run's id is
-    larger than its parent's), the order of every other writer (runs_lock).
-
-    Returns the steps reset, the queues to wake (of every run reopened), and every run
-    reopened, in the order they were retried.
-
-    Raises:
-        NotFoundError, ValidationError, StateError: see :func:`retry_outcome` (only for
-            ``run_id``; a child run with nothing to retry is left alone).
-    """
-    yield Stmt(Q.runs_read_committed)
-    results: list[Rows] = []
-    for stmt in retry_stmts(run_id, node, deadline):
-        results.append((yield stmt))
-    row = results[-1][0]
-    reset, woken = retry_outcome(run_id, node, row)
-    runs = [run_id]
-    below = list(row[5] or ())
-    heapq.heapify(below)
-    seen = {run_id}
-    while below:
-        child = heapq.heappop(below)
-        if child in seen:
-            continue
-        seen.add(child)
-        for stmt in retry_stmts(child, None, None):
-            child_rows = yield stmt
-        if not child_rows or not child_rows[0][0]:
-            continue  # a child with nothing to retry (completed, paused) is left alone
-        reset += int(child_rows[0][0])
-        woken |= set(child_rows[0][1] or ())
-        runs.append(child)
-        for grandchild in child_rows[0][5] or ():
-            heapq.heappush(below, grandchild)
-    return reset, woken, runs

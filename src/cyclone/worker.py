@@ -34,13 +34,12 @@ from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
 from cyclone.errors import Discard, StepInterrupted
+from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
-from cyclone.notify import Publisher
 from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import WRITE_RETRIES, error_backoff
-from cyclone.scanners.waits import MARKS
 from cyclone.sql import CLAIM_LIMITS, claim_limit
 from cyclone.transitions import (
     FAILURE_CAS,
@@ -49,9 +48,9 @@ from cyclone.transitions import (
     complete_stmts,
     decide_failure,
     failure_stmts,
-    parse_completed,
     release_stmt,
 )
+from cyclone.wakeups import Announcer, Wakeups
 
 __all__ = ["MAX_CLAIM_BATCH", "Worker", "WorkerSettings"]
 
@@ -119,17 +118,13 @@ class Worker:
         lease_pool: AsyncConnectionPool[Any],
         slots: TxSlots,
         tx_pools: tuple[Any, Any],
-        publisher: Publisher,
+        announcer: Announcer,
         build_request: Callable[..., EnqueueRequest],
         build_submit: Callable[..., Any] | None = None,
         workflows: Mapping[str, list[str]] | None = None,
         parents: Collection[str] = (),
-        on_wait: Callable[[frozenset[str]], None] | None = None,
     ) -> None:
         self.settings = settings
-        self.on_wait = on_wait
-        """Called with the markers (``MARKS``) an advance reported: a wait, child or
-        fan-out node reached, an item task finished (the client kicks its scanner)."""
         self._build_submit = build_submit
         self._handlers = dict(handlers)
         self._claimer = Claimer(
@@ -146,7 +141,7 @@ class Worker:
         self._lease_pool = lease_pool
         self._slots = slots
         self._async_tx_pool, self._sync_tx_pool = tx_pools
-        self._publisher = publisher
+        self._announcer = announcer
         self._build_request = build_request
         self._queues = {name: _Queue(name, n) for name, n in settings.queues.items()}
         self._held: dict[tuple[int, str], _Held] = {}  # by (step id, lease owner)
@@ -155,8 +150,7 @@ class Worker:
         self._completer = Completer(
             pool,
             batch=min(MAX_BATCH, max(10, settings.claim_cap)),
-            woken=self._woken,
-            ended=publisher.run_done,
+            announcer=announcer,
         )
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
@@ -245,7 +239,7 @@ class Worker:
         try:
             async with self._pool.connection() as conn:
                 rows = await fetch_async(conn, release_stmt(steps))
-            self._publisher.available({row[1] for row in rows})
+            self._announcer.announce(Wakeups.of_queues(row[1] for row in rows))
             log.info("released %d held steps %s", len(rows), why)
         except Exception as exc:
             log.warning(
@@ -441,9 +435,8 @@ class Worker:
     ) -> tuple[str, Any] | None:
         """In a handler thread: run it, and complete in its completion tx if opened.
 
-        Returns ``("output", json)`` for the completer, ``("completed", (runs finished,
-        queues woken))``, ``("failed", Failure)``, or ``None`` when there is nothing to
-        record.
+        Returns ``("output", json)`` for the completer, ``("completed", Advanced)``,
+        ``("failed", Failure)``, or ``None`` when there is nothing to record.
         """
         step, ctx = held.step, held.ctx
         held.in_handler = True
@@ -469,8 +462,8 @@ class Worker:
             assert tx.sync_conn is not None
             try:
                 rows = batch_sync(tx.sync_conn, complete_stmts([(step, output)]), transaction=False)
-                done, finished, woken = parse_completed(rows)
-                if step.id not in done:
+                advanced = parse_advanced(rows[1:])
+                if step.id not in advanced.done:
                     log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                     return None
                 tx.close_sync(commit=True)
@@ -482,7 +475,7 @@ class Worker:
                     "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc
                 )
                 return "failed", self._decide(handler, step, exc)
-            return "completed", (finished, woken)
+            return "completed", advanced
         finally:
             tx.close_sync(commit=False)  # whatever happened: never leak a slot
 
@@ -504,8 +497,8 @@ class Worker:
         assert conn is not None
         try:
             rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-            done, finished, woken = parse_completed(rows)
-            if step.id not in done:
+            advanced = parse_advanced(rows[1:])
+            if step.id not in advanced.done:
                 await tx.close_async(commit=False)
                 log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                 return
@@ -515,7 +508,7 @@ class Worker:
             log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
             await self._record_failure(held, self._decide(handler, step, exc))
             return
-        self._after_completion(held, finished, woken)
+        self._after_completion(held, advanced)
 
     async def _complete_batched(self, held: _Held, output: str | None) -> None:
         try:
@@ -531,37 +524,12 @@ class Worker:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
         # the completer announced finished runs after its commit
 
-    def _after_completion(self, held: _Held, finished: set[int], woken: set[str]) -> None:
-        """After the commit of a completion transaction: its wakeups and the runs it
-        finished (the step's run, child runs it cancelled)."""
-        if held.ctx._wakeups:
-            self._publisher.available(held.ctx._wakeups)
-        if woken:
-            self._woken(woken)
-        if finished:
-            self._publisher.run_done(finished)
-
-    def _woken(self, queues: set[str]) -> None:
-        """Steps became available in ``queues`` (a DAG advanced): wake here and elsewhere.
-
-        A marker among them (``MARKS``: a signal wait or a fan-out reached, an item task
-        finished) asks the wait scanner for a pass now (for an item task only: its
-        fan-out part).
-        """
-        marks = frozenset(queues & MARKS)
-        if marks:
-            queues = queues - marks
-            if self.on_wait is not None:
-                self.on_wait(marks)
-        if not queues:
-            return
-        for queue in queues:
-            self.wake(queue)
-        self._publisher.available(queues)
-
-    def announce_available(self, queues: set[str]) -> None:
-        """Work became claimable in ``queues`` (wake local loops, NOTIFY the others)."""
-        self._woken(queues)
+    def _after_completion(self, held: _Held, advanced: Advanced) -> None:
+        """After the commit of a completion transaction: the wakeups its handler's
+        ``*_tx`` calls recorded and the advance's, and the runs it finished (the step's
+        run, child runs it cancelled)."""
+        wakeups = advanced.wakeups | Wakeups.of_queues(held.ctx._wakeups)
+        self._announcer.announce(wakeups, advanced.finished)
 
     async def _record_failure(self, held: _Held, failure: Failure) -> None:
         step = held.step
@@ -570,13 +538,13 @@ class Worker:
         if rows is None:
             return
         if failure.discard and step.has_children:  # child runs runs_cancel_children ended
-            self._publisher.run_done(row[1] for row in rows[-1])
+            self._announcer.announce(Wakeups(), (row[1] for row in rows[-1]))
         if not rows[FAILURE_CAS[transaction]]:
             log.info("step %d (%s): stale failure ignored", step.id, step.kind)
             return
         if failure.discard:
             log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
-            self._publisher.run_done((step.run_id,))  # after the commit; wait() rechecks
+            self._announcer.announce(Wakeups(), (step.run_id,))  # after the commit
         else:
             # Nothing announces the end of a backoff: wake this queue then ourselves.
             asyncio.get_running_loop().call_later(failure.delay, self.wake, step.queue)

@@ -16,8 +16,9 @@ import pytest
 
 import cyclone
 from cyclone.dbio import batch_sync, fetch_sync
+from cyclone.graph import Advanced, parse_advanced
 from cyclone.sql import Q
-from cyclone.transitions import claim_stmt, complete_stmts, parse_claimed, parse_completed
+from cyclone.transitions import claim_stmt, complete_stmts, parse_claimed
 from tests.helpers import poll_until, scalar
 
 
@@ -46,7 +47,7 @@ def test_last_parent_to_commit_advances_the_child(
 ) -> None:
     db.execute(f"ALTER DATABASE {db.info.dbname} SET default_transaction_isolation = '{isolation}'")
     run_id, held = _two_parent_run(dsn)
-    results: list[Any] = []
+    results: list[Advanced] = []
     with (
         psycopg.connect(dsn, autocommit=True) as first,
         psycopg.connect(dsn, autocommit=True) as second,
@@ -59,7 +60,7 @@ def test_last_parent_to_commit_advances_the_child(
 
         def complete_second() -> None:
             rows = batch_sync(second, complete_stmts([(held["p2"], "2")]), transaction=True)
-            results.append(parse_completed(rows))
+            results.append(parse_advanced(rows[1:]))
 
         thread = threading.Thread(target=complete_second)
         thread.start()
@@ -74,8 +75,9 @@ def test_last_parent_to_commit_advances_the_child(
         )
         first.execute("COMMIT")
         thread.join(timeout=30)
-    (done, finished, woken) = results[0]
-    assert done == {held["p2"].id} and not finished and woken == {"default"}
+    advanced = results[0]
+    assert advanced.done == {held["p2"].id} and not advanced.finished
+    assert advanced.wakeups.queues == {"default"}
     states = dict(
         db.execute("SELECT node, state FROM cyclone_steps WHERE run_id = %s", (run_id,)).fetchall()
     )
@@ -90,8 +92,9 @@ def test_one_batch_completing_both_parents_advances_once(
         rows = batch_sync(
             conn, complete_stmts([(held["p1"], "1"), (held["p2"], "2")]), transaction=True
         )
-    done, finished, woken = parse_completed(rows)
-    assert done == {held["p1"].id, held["p2"].id} and not finished and woken == {"default"}
+    advanced = parse_advanced(rows[1:])
+    assert advanced.done == {held["p1"].id, held["p2"].id} and not advanced.finished
+    assert advanced.wakeups.queues == {"default"}
     assert (
         scalar(
             db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = 'child'", (run_id,)
@@ -109,7 +112,7 @@ def test_one_batch_completing_both_parents_advances_once(
         )
         assert child.bindings == (("p1", "tuple"), ("p2", "tuple"))  # resolved by the worker
         rows = batch_sync(conn, complete_stmts([(child, "3")]), transaction=True)
-    assert parse_completed(rows)[1] == {run_id}
+    assert parse_advanced(rows[1:]).finished == {run_id}
     assert scalar(db, "SELECT state FROM cyclone_runs WHERE id = %s", (run_id,)) == "completed"
 
 
@@ -129,10 +132,10 @@ def test_a_batch_mixing_jobs_and_workflow_steps_completes_both(
         )
         items = [(claimed_job, "7"), (held["p1"], "1"), (held["p2"], "2")]
         stmts = complete_stmts(items)
-        assert [s.sql for s in stmts[1:]] == [Q.steps_complete, Q.steps_complete_dag]
-        done, finished, woken = parse_completed(batch_sync(conn, stmts, transaction=True))
-    assert done == {claimed_job.id, held["p1"].id, held["p2"].id}
-    assert finished == {job.run_id} and woken == {"default"}
+        assert [s.sql for s in stmts[1:]] == [Q.steps_complete, Q.graph_advance]
+        advanced = parse_advanced(batch_sync(conn, stmts, transaction=True)[1:])
+    assert advanced.done == {claimed_job.id, held["p1"].id, held["p2"].id}
+    assert advanced.finished == {job.run_id} and advanced.wakeups.queues == {"default"}
     assert (
         scalar(
             db, "SELECT state FROM cyclone_steps WHERE run_id = %s AND node = 'child'", (run_id,)

@@ -17,8 +17,8 @@ from typing import Any
 import psycopg
 
 from cyclone.dbio import Stmt
+from cyclone.graph import expand_stmt
 from cyclone.sql import Q
-from cyclone.transitions import expand_stmt
 from tests.helpers import scalar
 
 Conn = psycopg.Connection[Any]
@@ -105,8 +105,8 @@ def pass_statements(db: Conn, run_id: int) -> dict[str, Stmt]:
             Q.steps_release_items,
             {"run_id": run_id, "node": "fan", "count": PARALLEL - RUNNING},
         ),
-        "steps_complete_dag": Stmt(Q.steps_complete_dag, {"dag_steps": f'[[{item},1,"w/1",null]]'}),
-        "steps_expand_fan_outs": expand_stmt([run_id]),
+        "graph_advance": Stmt(Q.graph_advance, {"completions": f'[[{item},1,"w/1",null,null]]'}),
+        "graph_expand_fan_outs": expand_stmt([run_id]),
     }
 
 
@@ -129,7 +129,7 @@ def check_layout(db: Conn, run_id: int) -> None:
             (run_id,),
         ).fetchone()
         assert released == (BIG // 2 + RUNNING, BIG // 2 + PARALLEL - 1)
-        assert len(rows("steps_complete_dag")) == 1
+        assert len(rows("graph_advance")) == 1
 
 
 def measure(db: Conn, run_id: int) -> dict[str, int]:

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from cyclone.dbio import Stmt
+from cyclone.graph import expand_stmt
 from cyclone.producer import EnqueueRequest, enqueue_many_stmt, enqueue_stmt
 from cyclone.sql import Q
 from cyclone.transitions import (
@@ -34,7 +35,6 @@ from cyclone.transitions import (
     Failure,
     claim_stmt,
     complete_stmts,
-    expand_stmt,
     failure_stmts,
     heartbeat_stmt,
     reclaim_stmts,

@@ -330,14 +330,24 @@ STORAGE_PARAMETERS = {
 @dataclass(frozen=True)
 class Addition:
     """What one migration after the first adds: columns of existing tables by
-    (table, column), and indexes by name."""
+    (table, column), indexes by name, views by name (their columns in order) and
+    functions by name (their argument types, as ``oidvectortypes``
+    writes them without names, and their result type)."""
 
     columns: dict[tuple[str, str], Col] = field(default_factory=dict)
     indexes: dict[str, Index] = field(default_factory=dict)
+    views: dict[str, list[str]] = field(default_factory=dict)
+    functions: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def names(self) -> set[str]:
-        """The names docs/migrations.md lists: ``table.column`` and index names."""
-        return {f"{t}.{c}" for t, c in self.columns} | set(self.indexes)
+        """The names docs/migrations.md lists: ``table.column``, index, view and
+        function names."""
+        return (
+            {f"{t}.{c}" for t, c in self.columns}
+            | set(self.indexes)
+            | set(self.views)
+            | set(self.functions)
+        )
 
 
 ADDITIONS: dict[int, Addition] = {
@@ -357,6 +367,16 @@ ADDITIONS: dict[int, Addition] = {
             ),
             "idx_schedules_last_run": Index(
                 "cyclone_schedules", ("last_run_id",), pred_has=("last_run_id IS NOT NULL",)
+            ),
+        },
+    ),
+    5: Addition(
+        views={"cyclone_unmet_deps_v1": ["run_id", "node", "dep_node", "dep_step_id"]},
+        functions={
+            "cyclone_reached_state_v1": ("text, text", "text"),
+            "cyclone_reached_at_v1": (
+                "text, text, interval, timestamp with time zone, timestamp with time zone",
+                "timestamp with time zone",
             ),
         },
     ),
@@ -570,13 +590,45 @@ def index_problems(conn: Conn, schema: str) -> list[str]:
     return problems
 
 
+def schema_views() -> dict[str, list[str]]:
+    """:data:`VIEWS` with the views of every addition."""
+    views = dict(VIEWS)
+    for addition in ADDITIONS.values():
+        views.update(addition.views)
+    return views
+
+
+def function_problems(conn: Conn, schema: str) -> list[str]:
+    """Differences from the functions of :data:`ADDITIONS`: names, argument types,
+    result types; no function besides them (a replaced one would show a new
+    signature)."""
+    wanted = {name: sig for a in ADDITIONS.values() for name, sig in a.functions.items()}
+    rows = conn.execute(
+        """
+        SELECT p.proname, oidvectortypes(p.proargtypes),
+               format_type(p.prorettype, NULL)
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = %s AND p.proname LIKE 'cyclone\\_%%'
+        """,
+        (schema,),
+    ).fetchall()
+    have = {name: (args, result) for name, args, result in rows}
+    return [
+        f"function {name}: {have.get(name)}, expected {wanted.get(name)}"
+        for name in sorted(set(have) | set(wanted))
+        if have.get(name) != wanted.get(name)
+    ]
+
+
 def view_problems(conn: Conn, schema: str) -> list[str]:
-    """Differences from :data:`VIEWS`: the view names and their columns in order."""
+    """Differences from :data:`VIEWS` and the views of :data:`ADDITIONS`: the view
+    names and their columns in order."""
     problems = []
     views = _relations(conn, schema, "v")
-    if views != set(VIEWS):
-        problems.append(f"views {sorted(views)}, expected {sorted(VIEWS)}")
-    for view, columns in VIEWS.items():
+    wanted = schema_views()
+    if views != set(wanted):
+        problems.append(f"views {sorted(views)}, expected {sorted(wanted)}")
+    for view, columns in wanted.items():
         rows = conn.execute(
             """
             SELECT a.attname FROM pg_attribute a
@@ -627,6 +679,7 @@ def reference_problems(conn: Conn, schema: str = "public") -> list[str]:
         *key_problems(conn, schema),
         *index_problems(conn, schema),
         *view_problems(conn, schema),
+        *function_problems(conn, schema),
         *storage_problems(conn, schema),
         *queue_check_problems(conn, schema),
     ]
@@ -732,8 +785,15 @@ def test_indexes_match_the_reference(db: Conn) -> None:
 
 
 def test_views_have_the_documented_columns_in_order(db: Conn) -> None:
-    """The four monitoring views with the columns of decisions.md, in that order."""
+    """The four monitoring views with the columns of decisions.md, in that order, and
+    the views of later migrations with theirs."""
     assert view_problems(db, "public") == []
+
+
+def test_functions_are_the_documented_ones(db: Conn) -> None:
+    """The SQL functions of later migrations, with their argument and result types,
+    and no other function."""
+    assert function_problems(db, "public") == []
 
 
 def test_hot_tables_have_the_storage_parameters(db: Conn) -> None:
@@ -760,7 +820,8 @@ def documented_additions() -> dict[int, set[str]]:
         if len(cells) < 3 or not cells[0].isdigit():
             continue
         names = re.findall(r"`([^`]+)`", cells[2])
-        found[int(cells[0])] = {n for n in names if re.fullmatch(r"cyclone_\w+\.\w+|idx_\w+", n)}
+        pattern = r"cyclone_\w+\.\w+|idx_\w+|cyclone_\w+_v\d+"
+        found[int(cells[0])] = {n for n in names if re.fullmatch(pattern, n)}
     return found
 
 
@@ -780,6 +841,7 @@ def test_additions_leave_the_reference_objects_alone() -> None:
     for addition in ADDITIONS.values():
         assert {key for key in addition.columns if key[1] in TABLES[key[0]]} == set()
         assert set(addition.indexes) & set(INDEXES) == set()
+        assert set(addition.views) & set(VIEWS) == set()
 
 
 @pytest.mark.parametrize("table", ["cyclone_steps", "cyclone_schedules"])

@@ -132,11 +132,13 @@ def test_advance_and_discard_resolution_use_the_edge_index(
 ) -> None:
     step_id, run_id = _first_workflow_step(dag_loaded)
     advance = plan(
-        dag_loaded, Stmt(Q.steps_complete_dag, {"dag_steps": f'[[{step_id},1,"w",null]]'})
+        dag_loaded, Stmt(Q.graph_advance, {"completions": f'[[{step_id},1,"w",null,null]]'})
     )
     assert "idx_deps_depnode" in advance
     assert "Seq Scan" not in advance
-    resolve = plan(dag_loaded, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id}))
+    resolve = plan(
+        dag_loaded, Stmt(Q.graph_resolve_discard, {"run_id": run_id, "step_id": step_id})
+    )
     assert "idx_deps_depnode" in resolve
     assert "Seq Scan" not in resolve
 

@@ -61,7 +61,9 @@ from psycopg.pq import TransactionStatus
 
 from cyclone import Discard, RetryPolicy, RunState, StepState
 from cyclone.config import ClientConfig
+from cyclone.control import cancel_stmts
 from cyclone.dbio import Rows, Stmt, batch_sync, fetch_sync, run_plan_sync
+from cyclone.graph import parse_advanced
 from cyclone.producer import enqueue_many_stmt, enqueue_plan, enqueued_from_rows
 from cyclone.sql import Q
 from cyclone.states import (
@@ -73,14 +75,12 @@ from cyclone.states import (
 )
 from cyclone.transitions import (
     Claimed,
-    cancel_stmts,
     claim_stmt,
     complete_stmts,
     decide_failure,
     failure_stmts,
     heartbeat_stmt,
     parse_claimed,
-    parse_completed,
     parse_heartbeat,
     reclaim_stmts,
     release_stmt,
@@ -617,7 +617,8 @@ class StepMachine(RuleBasedStateMachine):
             complete_stmts([(replace(c, owner=actor), out) for c, out in items]),
             transaction=True,
         )
-        done, finished, _ = parse_completed(rows)
+        advanced = parse_advanced(rows[1:])
+        done, finished = set(advanced.done), set(advanced.finished)
         after = self._snapshot()
         expected = {c.id: out for c, out in items if self.steps[c.id].held_by(actor, c.generation)}
         assert done == set(expected), f"completed {done}, expected {set(expected)}"

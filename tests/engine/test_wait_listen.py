@@ -19,10 +19,10 @@ import pytest
 
 import cyclone
 from cyclone import RunState
+from cyclone.control import cancel_stmts
 from cyclone.dbio import batch_sync
 from cyclone.notify import AVAILABLE, RUN_DONE, Listener
 from cyclone.records import Run
-from cyclone.transitions import cancel_stmts
 from tests.helpers import apoll_until
 
 

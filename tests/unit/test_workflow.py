@@ -101,7 +101,7 @@ def test_topological_order_keeps_declaration_order() -> None:
 
 def test_compiled_rows() -> None:
     compiled = config(b).compile(sample())
-    assert '"state":"available"' in compiled.nodes and compiled.queues == {"default"}
+    assert '"root":true' in compiled.nodes and compiled.queues == {"default"}
     assert compiled.result_node == "z"
     assert '"dep_type":"data"' in compiled.deps and '"assembly_mode":"array"' in compiled.inputs
 

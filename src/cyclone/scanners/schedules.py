@@ -32,12 +32,12 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, run_plan_async
-from cyclone.notify import Publisher
 from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
 from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, FirePlan, fire_plan
 from cyclone.sql import Q
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
+from cyclone.wakeups import Announcer, Wakeups
 
 __all__ = ["FAILURE_CAP", "ScheduleScanResult", "ScheduleScanner"]
 
@@ -78,7 +78,7 @@ class ScheduleScanner(Periodic):
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        publisher: Publisher,
+        announcer: Announcer,
         *,
         owner: str,
         interval: float,
@@ -89,7 +89,7 @@ class ScheduleScanner(Periodic):
     ) -> None:
         super().__init__(interval, name="schedule scan")
         self._pool = pool
-        self._publisher = publisher
+        self._announcer = announcer
         self._owner = owner
         self._definitions = definitions
         self.catch_up: CatchUp = catch_up
@@ -135,7 +135,7 @@ class ScheduleScanner(Periodic):
                 await self._record_failure(row["id"], exc)
                 continue
             fired += 1
-            self._publisher.available(queues)
+            self._announcer.announce(Wakeups.of_queues(queues))
         return ScheduleScanResult(fired=fired, failed=failed, lost=lost)
 
     async def _fire(self, row: dict[str, Any]) -> set[str]:

@@ -18,10 +18,10 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
-from cyclone.notify import Publisher
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
+from cyclone.wakeups import NO_WAKEUPS, Announcer, Wakeups
 
 __all__ = ["SweepResult", "Sweeper"]
 
@@ -42,7 +42,7 @@ class Sweeper(Periodic):
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        publisher: Publisher,
+        announcer: Announcer,
         *,
         interval: float,
         max_reclaims: int,
@@ -50,7 +50,7 @@ class Sweeper(Periodic):
     ) -> None:
         super().__init__(interval, name="recovery sweep")
         self._pool = pool
-        self._publisher = publisher
+        self._announcer = announcer
         self.max_reclaims = max_reclaims
         self._batch = batch
 
@@ -80,15 +80,16 @@ class Sweeper(Periodic):
             async with self._pool.connection() as conn:
                 result = await batch_async(conn, stmts, transaction=is_discard)
             if is_discard:
-                self._publisher.run_done(row[1] for row in result[-1])  # child runs ended
+                ended = {row[1] for row in result[-1]}  # child runs ended
                 if result[1]:
                     discarded += 1
                     log.warning("step %d discarded: reclaim limit reached", step_id)
-                    self._publisher.run_done((run_id,))
+                    ended.add(run_id)
+                self._announcer.announce(NO_WAKEUPS, ended)
             elif result[0]:
                 reclaimed += 1
                 log.info(
                     "step %d reclaimed (%s)", step_id, "timeout" if timed_out else "lease expired"
                 )
-                self._publisher.available((result[0][0][1],))
+                self._announcer.announce(Wakeups.of_queues((result[0][0][1],)))
         return SweepResult(reclaimed=reclaimed, discarded=discarded)

@@ -39,33 +39,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async, int_array, run_plan_async
+from cyclone.graph import (
+    Advanced,
+    Completion,
+    advance_stmts,
+    cancel_children_stmt,
+    expand_stmt,
+    parse_advanced,
+)
 from cyclone.inputs import InputError, assemble, needed, parse_bindings
-from cyclone.notify import Publisher
 from cyclone.scanners.loop import Periodic
 from cyclone.signals import settle_plan
 from cyclone.sql import Q
+from cyclone.states import StepState
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
-from cyclone.transitions import cancel_children_stmt, expand_stmt, parse_completed
+from cyclone.wakeups import NO_WAKEUPS, Announcer, Wakeups
 
-__all__ = ["CHILD_MARK", "FAN_OUT_MARK", "MARKS", "WAIT_MARK", "ScanResult", "WaitScanner"]
+__all__ = ["ScanResult", "WaitScanner"]
 
 log = logging.getLogger("cyclone.waits")
-
-WAIT_MARK = "@signal"
-"""What an advance reports among its woken queues when it reached a signal wait."""
-FAN_OUT_MARK = "@fanout"
-"""What an advance reports when it reached a fan-out node or finished an item task."""
-CHILD_MARK = "@child"
-"""What an advance reports when it reached a child node."""
-MARKS = frozenset({WAIT_MARK, FAN_OUT_MARK, CHILD_MARK})
-"""Markers among woken queues that ask the scanner for a pass (never real queues)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +121,9 @@ class WaitScanner(Periodic):
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        publisher: Publisher,
+        announcer: Announcer,
         *,
         interval: float,
-        wake: Callable[[set[str]], None],
         definitions: Mapping[str, CompiledWorkflow] | None = None,
         batch: int = 200,
     ) -> None:
@@ -134,8 +132,7 @@ class WaitScanner(Periodic):
         self._last_full = -math.inf
         self._definitions = definitions or {}
         self._pool = pool
-        self._publisher = publisher
-        self._wake = wake
+        self._announcer = announcer
         self._batch = batch
 
     def kick(self) -> None:
@@ -151,16 +148,6 @@ class WaitScanner(Periodic):
         child run changes with it), so the other parts keep to their ``interval``.
         """
         super().kick()
-
-    def kick_for(self, marks: Set[str]) -> None:
-        """Kick for the ``marks`` an advance reported (``MARKS``): a fan-out pass when
-        the only one is :data:`FAN_OUT_MARK`, a full pass for any other."""
-        if not marks:
-            return
-        if marks <= {FAN_OUT_MARK}:
-            self.kick_fan_outs()
-        else:
-            self.kick()
 
     def next_delay(self) -> float:
         """Seconds until the next full pass is due: a fan-out pass in between does not
@@ -196,30 +183,27 @@ class WaitScanner(Periodic):
             children=await self._children(),
         )
 
-    def _announce(
-        self, finished: set[int] | frozenset[int], woken: set[str] | frozenset[str]
-    ) -> None:
-        queues = set(woken)
-        if queues & MARKS:
-            self.kick_for(queues & MARKS)
-            queues -= MARKS
-        if queues:
-            self._wake(queues)
-        if finished:
-            self._publisher.run_done(finished)
+    def _announce(self, finished: Iterable[int], wakeups: Wakeups = NO_WAKEUPS) -> None:
+        """After a pass's commit: its wakeups and the runs it finished."""
+        self._announcer.announce(wakeups, finished)
+
+    async def _advance(self, conn: Any, completions: Sequence[Completion]) -> Advanced:
+        """Complete waits (or fan-out nodes) of locked runs and advance the runs, in
+        the current transaction (:func:`cyclone.graph.advance_stmts`)."""
+        rows = await batch_async(conn, advance_stmts(completions), transaction=False)
+        return parse_advanced(rows)
 
     async def _timers(self) -> int:
         async with self._pool.connection() as conn, conn.transaction():
             due = await fetch_async(conn, Stmt(Q.steps_timers_due, {"limit": self._batch}))
             if not due:
                 return 0
-            items = ",".join(f'[{step_id},null,null,null,"waiting_timer"]' for step_id, _ in due)
-            done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": f"[{items}]"}))
-            expanded = await fetch_async(conn, expand_stmt({run_id for _, run_id in due}))
-            completed, finished, woken = parse_completed([[], done, expanded])
-            finished |= await self._end_children(conn, finished)
-        self._announce(finished, woken)
-        return len(completed)
+            waiting = StepState.WAITING_TIMER.value
+            advanced = await self._advance(
+                conn, [Completion(step_id, run_id, waiting=waiting) for step_id, run_id in due]
+            )
+        self._announce(advanced.finished, advanced.wakeups)
+        return len(advanced.done)
 
     async def _timeouts(self) -> int:
         count = 0
@@ -235,7 +219,7 @@ class WaitScanner(Periodic):
                     run_id=run_id,
                     finished=finished,
                 )
-        self._announce(finished, set())
+        self._announce(finished)
         return count
 
     async def _signals(self) -> int:
@@ -244,7 +228,7 @@ class WaitScanner(Periodic):
             if not runs:
                 return 0
             settled = await run_plan_async(conn, settle_plan([row[0] for row in runs]))
-        self._announce(settled.finished, settled.woken)
+        self._announce(settled.finished, settled.wakeups)
         return settled.completed
 
     async def _deadlines(self) -> int:
@@ -254,7 +238,7 @@ class WaitScanner(Periodic):
             cancelled = await self._end_children(conn, ended)
         if failed:
             log.warning("runs %s failed: deadline passed", sorted(ended))
-            self._announce(ended | cancelled, set())
+            self._announce(ended | cancelled)
         return len(failed)
 
     async def _fan_outs(self) -> int:
@@ -267,7 +251,7 @@ class WaitScanner(Periodic):
         """
         changed = 0
         finished: set[int] = set()
-        woken: set[str] = set()
+        wakeups = NO_WAKEUPS
         async with self._pool.connection() as conn, conn.transaction():
             runs = await fetch_async(conn, Stmt(Q.steps_fan_outs_lock, {"limit": self._batch}))
             if not runs:
@@ -297,7 +281,7 @@ class WaitScanner(Periodic):
                         # expands it in its own transaction; one reached another way
                         # (nothing does today) is expanded here rather than left hanging.
                         rows = await fetch_async(conn, expand_stmt([node.run_id]))
-                        woken |= parse_completed([[], rows])[2]
+                        wakeups |= parse_advanced([rows]).wakeups
                         changed += 1
                         continue
                 else:
@@ -310,19 +294,20 @@ class WaitScanner(Periodic):
                                 {"run_id": node.run_id, "node": node.node, "count": room},
                             ),
                         )
-                        woken.update(r[0] for r in rows)
+                        wakeups |= Wakeups.of_queues(r[0] for r in rows)
                         changed += 1 if rows else 0
                     if node.unfinished:
                         continue
-                changed += await self._complete_fan_out(conn, node, finished, woken)
-        self._announce(finished, woken)
+                done = await self._complete_fan_out(conn, node, finished)
+                changed += len(done.done)
+                wakeups |= done.wakeups
+        self._announce(finished, wakeups)
         return changed
 
-    async def _complete_fan_out(
-        self, conn: Any, node: _FanOut, finished: set[int], woken: set[str]
-    ) -> int:
+    async def _complete_fan_out(self, conn: Any, node: _FanOut, finished: set[int]) -> Advanced:
         """Complete a fan-out node whose items all completed (or that has none, for an
-        empty list) with their outputs, or discard it when they are over max_bytes."""
+        empty list) with their outputs, or discard it when they are over max_bytes
+        (nothing advanced then; a run it ended is added to ``finished``)."""
         output = "null"
         if node.max_bytes is not None:
             ((output,),) = await fetch_async(
@@ -334,7 +319,7 @@ class WaitScanner(Periodic):
                     f"fan-out {node.node!r} collected {size} bytes of output, "
                     f"over its max_bytes of {node.max_bytes}"
                 )
-                return await self._discard(
+                discarded = await self._discard(
                     conn,
                     Stmt(
                         Q.steps_discard_fan_out,
@@ -344,13 +329,13 @@ class WaitScanner(Periodic):
                     run_id=node.run_id,
                     finished=finished,
                 )
-        item = f'[[{node.id},null,null,{output},"pending"]]'
-        done = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
-        expanded = await fetch_async(conn, expand_stmt([node.run_id]))
-        completed, ended, more = parse_completed([[], done, expanded])
-        finished |= ended | await self._end_children(conn, ended)
-        woken |= more
-        return len(completed)
+                return Advanced(done=frozenset({node.id} if discarded else ()))
+        waiting = StepState.PENDING.value
+        advanced = await self._advance(
+            conn, [Completion(node.id, node.run_id, output, waiting=waiting)]
+        )
+        finished |= advanced.finished
+        return advanced
 
     async def _discard(
         self, conn: Any, discard: Stmt, *, step_id: int, run_id: int, finished: set[int]
@@ -362,7 +347,7 @@ class WaitScanner(Periodic):
             "step %d of run %d discarded: %s", step_id, run_id, (discard.params or {})["error"]
         )
         outcome = await fetch_async(
-            conn, Stmt(Q.runs_resolve_discard, {"run_id": run_id, "step_id": step_id})
+            conn, Stmt(Q.graph_resolve_discard, {"run_id": run_id, "step_id": step_id})
         )
         if outcome and (outcome[0][0] or outcome[0][1]):
             finished.add(run_id)
@@ -384,7 +369,7 @@ class WaitScanner(Periodic):
     async def _children(self) -> int:
         changed = 0
         finished: set[int] = set()
-        woken: set[str] = set()
+        wakeups = NO_WAKEUPS
         async with self._pool.connection() as conn, conn.transaction():
             rows = await fetch_async(conn, Stmt(Q.steps_children_to_start, {"limit": self._batch}))
             for step_id, run_id, node, def_version, stored, input_from, raw in rows:
@@ -414,20 +399,20 @@ class WaitScanner(Periodic):
                 request = SubmitRequest.build(child, value, parent=(run_id, node))
                 sub = await run_plan_async(conn, submit_plan(request))
                 log.info("run %d node %r started child run %d", run_id, node, sub.run_id)
-                woken |= child.queues
+                wakeups |= Wakeups.of_queues(child.queues)
                 changed += 1
         async with self._pool.connection() as conn, conn.transaction():
             done = await fetch_async(conn, Stmt(Q.steps_children_done, {"limit": self._batch}))
             for step_id, run_id, _node, needs_result, child_id, state, result, error in done:
                 if state == "completed":
-                    output = result if needs_result and result is not None else "null"
-                    item = f'[[{step_id},null,null,{output},"waiting_child"]]'
-                    rows = await fetch_async(conn, Stmt(Q.steps_complete_dag, {"dag_steps": item}))
-                    expanded = await fetch_async(conn, expand_stmt([run_id]))
-                    completed, ended, more = parse_completed([[], rows, expanded])
-                    finished |= ended | await self._end_children(conn, ended)
-                    woken |= more
-                    changed += len(completed)
+                    output = result if needs_result and result is not None else None
+                    waiting = StepState.WAITING_CHILD.value
+                    advanced = await self._advance(
+                        conn, [Completion(step_id, run_id, output, waiting=waiting)]
+                    )
+                    finished |= advanced.finished
+                    wakeups |= advanced.wakeups
+                    changed += len(advanced.done)
                 else:
                     why = f"child run {child_id} {state}" + (f": {error}" if error else "")
                     changed += await self._discard(
@@ -451,5 +436,5 @@ class WaitScanner(Periodic):
                     log.info("child runs %s cancelled: their parent ended", cancelled)
                     finished.update(cancelled)
                     changed += len(cancelled)
-        self._announce(finished, woken)
+        self._announce(finished, wakeups)
         return changed

@@ -18,6 +18,7 @@ __all__ = ["CLAIM_LIMITS", "Q", "Queries", "claim_limit", "claim_sql", "load_blo
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _FILES = (
     "steps.sql",
+    "graph.sql",
     "runs.sql",
     "signals.sql",
     "schedules.sql",
@@ -61,8 +62,6 @@ class Queries:
     steps_sequence_release: LiteralString
     steps_heartbeat: LiteralString
     steps_complete: LiteralString
-    steps_complete_dag: LiteralString
-    steps_expand_fan_outs: LiteralString
     steps_outputs: LiteralString
     steps_release_mismatch: LiteralString
     steps_retry: LiteralString
@@ -86,9 +85,13 @@ class Queries:
     steps_orphaned_children: LiteralString
     steps_tx_backend: LiteralString
     steps_end_tx_backend: LiteralString
+    # graph.sql
+    graph_advance: LiteralString
+    graph_expand_fan_outs: LiteralString
+    graph_restore: LiteralString
+    graph_resolve_discard: LiteralString
     # runs.sql
     runs_lock: LiteralString
-    runs_resolve_discard: LiteralString
     runs_submit: LiteralString
     runs_find_submit_key: LiteralString
     runs_fail_deadline: LiteralString
@@ -103,6 +106,7 @@ class Queries:
     runs_purge_plan: LiteralString
     runs_purge: LiteralString
     runs_purge_older: LiteralString
+    runs_state: LiteralString
     # signals.sql
     signals_run_lock: LiteralString
     signals_waits: LiteralString

@@ -14,140 +14,10 @@ ORDER BY id
 FOR UPDATE;
 
 
--- name: runs_resolve_discard
--- engine-design, Failure Propagation: resolve the run of the step %(step_id)s just
--- discarded, under the run row lock of the discard transaction. The discard is fatal
--- when the step has no dependents (a leaf: every standalone job) or when any node of
--- its downstream closure declares fail_run (the default): the run becomes failed, at
--- most once (the UPDATE from running finds nothing the second time), and a second
--- UPDATE cancels every other active step. When every downstream node declares
--- cancel_branch, only that closure is cancelled and the run goes on; it completes if
--- nothing active is left. The run fails all the same when its result is lost: the
--- discarded step is the result node (the run's error is then the step's error), or the
--- cancelled closure holds it ("result node cancelled"). A sibling still in its handler learns of a cancel at its next
--- heartbeat; its late completion matches no row.
-WITH RECURSIVE discarded AS (
-    -- A discarded item task stands for its fan-out node (decisions.md, Fan-out items).
-    SELECT s.run_id, coalesce(s.item_of, s.node) AS node, s.item_of, s.node AS step_node,
-           s.error
-    FROM cyclone_steps s
-    WHERE s.id = %(step_id)s
-      AND s.run_id = %(run_id)s
-      AND s.state = 'discarded'
-), fan_out AS (
-    -- The first item discarded discards its fan-out node ...
-    UPDATE cyclone_steps f
-    SET state = 'discarded',
-        error = 'item ' || x.step_node || ' discarded: ' || coalesce(x.error, ''),
-        error_kind = 'item_discarded',
-        completed_at = now()
-    FROM discarded x
-    WHERE x.item_of IS NOT NULL
-      AND f.run_id = x.run_id
-      AND f.node = x.item_of
-      AND f.state IN ('pending', 'paused')
-    RETURNING f.id
-), items AS (
-    -- ... and cancels its other active items.
-    UPDATE cyclone_steps i
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = 'item ' || x.step_node || ' was discarded',
-        error_kind = 'item_discarded'
-    FROM discarded x
-    WHERE x.item_of IS NOT NULL
-      AND i.run_id = x.run_id
-      AND i.item_of = x.item_of
-      AND i.id <> %(step_id)s
-      AND i.state NOT IN ('completed', 'discarded', 'cancelled')
-    RETURNING i.id
-), branch (node) AS (
-    SELECT c.node
-    FROM discarded x
-    JOIN cyclone_deps c ON c.run_id = x.run_id AND c.dep_node = x.node
-    UNION
-    SELECT c.node
-    FROM branch b
-    JOIN cyclone_deps c ON c.run_id = %(run_id)s AND c.dep_node = b.node
-), verdict AS (
-    SELECT x.node AS discarded_node,
-           (NOT EXISTS (SELECT 1 FROM branch)
-            OR EXISTS (
-                SELECT 1
-                FROM branch b
-                JOIN cyclone_steps s ON s.run_id = %(run_id)s AND s.node = b.node
-                WHERE s.on_dep_failure IS DISTINCT FROM 'cancel_branch')) AS fatal,
-           coalesce(r.result_node = x.node OR r.result_node IN (SELECT node FROM branch), false)
-               AS result_lost
-    FROM discarded x
-    JOIN cyclone_runs r ON r.id = %(run_id)s AND r.state IN ('running', 'paused')
-), failed AS (
-    UPDATE cyclone_runs r
-    SET state = 'failed',
-        finished_at = now(),
-        updated_at = now()
-    FROM verdict v
-    WHERE r.id = %(run_id)s
-      AND r.state IN ('running', 'paused')
-      AND (v.fatal OR v.result_lost)
-    RETURNING r.id, r.result_node, v.fatal
-), cancelled AS (
-    UPDATE cyclone_steps s
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = CASE
-            WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
-                THEN 'result node cancelled'
-            WHEN s.node IN (SELECT node FROM branch)
-                THEN 'upstream node ' || v.discarded_node || ' was discarded'
-            ELSE 'run failed: node ' || v.discarded_node || ' was discarded' END,
-        error_kind = CASE
-            WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
-                THEN 'result_node_cancelled'
-            WHEN s.node IN (SELECT node FROM branch) THEN 'dep_discarded'
-            ELSE 'run_failed' END
-    FROM verdict v
-    WHERE s.run_id = %(run_id)s
-      AND s.id <> %(step_id)s
-      AND s.state NOT IN ('completed', 'discarded', 'cancelled')
-      AND (EXISTS (SELECT 1 FROM failed) OR s.node IN (SELECT node FROM branch))
-      -- the fan-out node and its items are settled above
-      AND NOT EXISTS (
-          SELECT 1 FROM discarded x
-          WHERE x.item_of IS NOT NULL
-            AND (s.node = x.item_of OR s.item_of = x.item_of))
-    RETURNING s.id
-), finished AS (
-    UPDATE cyclone_runs r
-    SET state = 'completed',
-        finished_at = now(),
-        updated_at = now()
-    FROM verdict v
-    WHERE r.id = %(run_id)s
-      AND r.state IN ('running', 'paused')
-      AND NOT (v.fatal OR v.result_lost)
-      AND NOT EXISTS (
-          SELECT 1
-          FROM cyclone_steps o
-          WHERE o.run_id = r.id
-            AND o.state NOT IN ('completed', 'discarded', 'cancelled')
-            AND o.id NOT IN (SELECT id FROM cancelled)
-            AND o.id NOT IN (SELECT id FROM fan_out)
-            AND o.id NOT IN (SELECT id FROM items))
-    RETURNING r.id
-)
-SELECT (SELECT count(*) FROM failed) AS runs_failed,
-       (SELECT count(*) FROM finished) AS runs_completed,
-       (SELECT count(*) FROM cancelled) AS steps_cancelled;
-
-
 -- name: runs_submit
--- Submit a workflow run: the run, every step (roots available, the rest pending), every
--- dependency edge and every input binding, in one statement. %(nodes)s, %(deps)s and
+-- Submit a workflow run: the run, every step (roots reached: cyclone_reached_state_v1,
+-- a wait root starting its wait now; the rest pending), every dependency edge and every
+-- input binding, in one statement. %(nodes)s, %(deps)s and
 -- %(inputs)s are JSON arrays laid out once per workflow. With a submit_key the run
 -- insert yields on idx_runs_submit_key (waiting for a concurrent insert of the key to
 -- commit or roll back): then nothing is written and no row comes back. Foreign keys
@@ -168,24 +38,29 @@ WITH run AS (
         timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
         fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
         child_needs_result, scheduled_at)
-    SELECT run.id, n.node, n.kind, n.state, n.input, n.input_from, n.queue, n.priority,
+    SELECT run.id, n.node, n.kind,
+           CASE WHEN n.root THEN cyclone_reached_state_v1(n.kind, 'running')
+                ELSE 'pending' END,
+           n.input, n.input_from, n.queue, n.priority,
            n.max_attempts, n.timeout_us * interval '1 microsecond',
            n.retention_us * interval '1 microsecond', n.on_dep_failure,
            n.wait_for_us * interval '1 microsecond', n.signal_name, n.signal_names,
            n.wait_count, n.fan_out_parallel, n.fan_out_max_bytes, n.fan_out_max_items,
            n.child_workflow, n.child_needs_result,
-           CASE WHEN n.state IN ('waiting_timer', 'waiting_signal')
-                THEN now() + coalesce(n.wait_for_us, 0) * interval '1 microsecond'
+           CASE WHEN n.root
+                THEN cyclone_reached_at_v1(n.kind, 'running',
+                                           n.wait_for_us * interval '1 microsecond', now(),
+                                           now())
                 ELSE now() END
     FROM run,
          ROWS FROM (jsonb_to_recordset(%(nodes)s::jsonb) AS (
-             node text, kind text, state text, input jsonb, input_from text, queue text,
+             node text, kind text, root boolean, input jsonb, input_from text, queue text,
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
              on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
              wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint,
              fan_out_max_items integer, child_workflow text, child_needs_result boolean))
              WITH ORDINALITY AS n (
-             node, kind, state, input, input_from, queue, priority, max_attempts, timeout_us,
+             node, kind, root, input, input_from, queue, priority, max_attempts, timeout_us,
              retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
              fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
              child_needs_result, ord)
@@ -258,9 +133,9 @@ WHERE cancelled_run.id = %(run_id)s;
 -- are locked here in id order, after their parents (a child's id is larger). When the
 -- transaction holds several runs, a child's id may fall between two of them, so two
 -- such transactions can deadlock; PostgreSQL then fails one, whose statements the
--- engine's loops retry (rare: it takes two multi-run batches over one run tree). Rows, shaped like those of steps_complete_dag for parse_completed:
--- one per run cancelled (no step id, run_finished true), to announce on
--- cyclone_run_done after the commit. Nothing to cancel costs one index probe per run.
+-- engine's loops retry (rare: it takes two multi-run batches over one run tree). Rows
+-- shaped like graph_advance's, one per run cancelled (no step id, run_finished true, no
+-- wakeups), to announce on cyclone_run_done after the commit. Nothing to cancel costs one index probe per run.
 WITH RECURSIVE tree (id) AS (
     SELECT c.id
     FROM cyclone_runs c
@@ -304,7 +179,8 @@ WITH RECURSIVE tree (id) AS (
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
     RETURNING s.id
 )
-SELECT NULL::bigint AS id, c.id AS run_id, true AS run_finished, NULL::text[] AS woken
+SELECT NULL::bigint AS id, c.id AS run_id, true AS run_finished, NULL::text[] AS queues,
+       false AS signals, false AS children, false AS fan_outs
 FROM cancelled_run c
 ORDER BY c.id;
 
@@ -425,10 +301,11 @@ FROM paused;
 
 -- name: runs_resume
 -- decisions.md, Pause: a paused run runs again; deadline_at and the deadlines of its
--- waiting steps move forward by the pause length; each paused step is recomputed from
--- its dependencies: reached (available, or its waiting state for a wait node, whose
--- wait starts now) when all its parents completed, else pending. Runs after runs_lock.
--- No row back: the run is not paused.
+-- waiting steps move forward by the pause length; its paused steps go back to pending,
+-- and graph_restore, next in the transaction, reaches again those whose parents all
+-- completed (a wait node's wait starts then). fan_outs: a fan-out node or item task was
+-- restored (the fan-out scanner releases them). Runs after runs_lock. No row back: the
+-- run is not paused.
 WITH run AS (
     SELECT id, now() - paused_at AS pause
     FROM cyclone_runs
@@ -452,40 +329,25 @@ WITH run AS (
     RETURNING s.id
 ), restored AS (
     UPDATE cyclone_steps s
-    SET state = CASE
-            -- item tasks and fan-out nodes: released / completed by the fan-out scanner
-            WHEN s.item_of IS NOT NULL OR s.fan_out_parallel IS NOT NULL THEN 'pending'
-            WHEN EXISTS (
-                SELECT 1
-                FROM cyclone_deps d
-                JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-                WHERE d.run_id = s.run_id AND d.node = s.node AND p.state <> 'completed')
-                THEN 'pending'
-            WHEN s.kind = '@sleep' THEN 'waiting_timer'
-            WHEN s.kind = '@signal' THEN 'waiting_signal'
-            WHEN s.kind = '@child' THEN 'waiting_child'
-            ELSE 'available' END,
-        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal')
-            THEN now() + coalesce(s.wait_for, interval '0') ELSE s.scheduled_at END
+    SET state = 'pending'
     FROM run
     WHERE s.run_id = run.id
       AND s.state = 'paused'
-    RETURNING s.state, s.queue
+    RETURNING s.item_of, s.fan_out_parallel
 )
 SELECT resumed.id,
-       (SELECT array_agg(DISTINCT CASE WHEN state = 'waiting_signal' THEN '@signal'
-                                       ELSE queue END)
-        FROM restored WHERE state IN ('available', 'waiting_signal')) AS woken
+       EXISTS (SELECT 1 FROM restored
+               WHERE item_of IS NOT NULL OR fan_out_parallel IS NOT NULL) AS fan_outs
 FROM resumed;
 
 
 -- name: runs_retry
 -- decisions.md, Operator retry: reset the discarded and cancelled steps of a run: all of
 -- them, or, for %(node)s, those above and below it and every cancelled step (what the
--- failure cancelled). Reset means attempt and reclaims 0, error and output cleared; a
--- step whose parents all completed is reached again (available, or its waiting state),
--- the rest pending. The run returns to running, its deadline_at cleared unless a new
--- deadline is given (%(deadline_us)s from now). Nothing is reset when the run is paused
+-- failure cancelled). Reset means pending, attempt and reclaims 0, error and output
+-- cleared; graph_restore, next in the transaction, reaches again the reset steps whose
+-- parents all completed (available, or its waiting state). The run returns to running,
+-- its deadline_at cleared unless a new deadline is given (%(deadline_us)s from now). Nothing is reset when the run is paused
 -- (resume it first) or when a discarded step would stay behind (retry it too): a run
 -- must not complete around a failure. The child runs of reset child nodes come back
 -- (child_runs) to be retried in the same transaction. Runs after runs_lock.
@@ -529,21 +391,8 @@ WITH RECURSIVE start (node) AS (
     WHERE id = %(run_id)s
 ), reset AS (
     UPDATE cyclone_steps s
-    SET state = CASE
-            -- item tasks and fan-out nodes: released / completed by the fan-out scanner
-            WHEN s.item_of IS NOT NULL OR s.fan_out_parallel IS NOT NULL THEN 'pending'
-            WHEN EXISTS (
-                SELECT 1
-                FROM cyclone_deps d
-                JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-                WHERE d.run_id = s.run_id AND d.node = s.node AND p.state <> 'completed')
-                THEN 'pending'
-            WHEN s.kind = '@sleep' THEN 'waiting_timer'
-            WHEN s.kind = '@signal' THEN 'waiting_signal'
-            WHEN s.kind = '@child' THEN 'waiting_child'
-            ELSE 'available' END,
-        scheduled_at = now() + CASE WHEN s.kind IN ('@sleep', '@signal')
-            THEN coalesce(s.wait_for, interval '0') ELSE interval '0' END,
+    SET state = 'pending',
+        scheduled_at = now(),
         attempt = 0,
         reclaims = 0,
         error = NULL,
@@ -558,7 +407,7 @@ WITH RECURSIVE start (node) AS (
     WHERE s.id = t.id
       AND run.state <> 'paused'
       AND NOT EXISTS (SELECT 1 FROM blocked)
-    RETURNING s.state, s.queue, s.node, s.kind
+    RETURNING s.node, s.kind, s.item_of, s.fan_out_parallel
 ), reopened AS (
     UPDATE cyclone_runs r
     SET state = 'running',
@@ -570,9 +419,8 @@ WITH RECURSIVE start (node) AS (
     RETURNING r.id
 )
 SELECT (SELECT count(*) FROM reset) AS steps_reset,
-       (SELECT array_agg(DISTINCT CASE WHEN state = 'waiting_signal' THEN '@signal'
-                                       ELSE queue END)
-        FROM reset WHERE state IN ('available', 'waiting_signal')) AS woken,
+       EXISTS (SELECT 1 FROM reset
+               WHERE item_of IS NOT NULL OR fan_out_parallel IS NOT NULL) AS fan_outs,
        (SELECT state FROM run) AS run_state,
        (SELECT array_agg(node ORDER BY node) FROM blocked) AS blocked,
        (%(node)s::text IS NULL OR EXISTS (
@@ -716,3 +564,11 @@ DELETE FROM cyclone_runs r
 USING doomed
 WHERE r.id = doomed.id
 RETURNING r.id;
+
+
+-- name: runs_state
+-- The state of one run, to say why an operator call found nothing to change. No row
+-- back: no run has that id.
+SELECT state
+FROM cyclone_runs
+WHERE id = %(run_id)s;

@@ -383,7 +383,7 @@ WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = 
 -- (runs_lock), after the handler's completion_tx() writes when there are any.
 -- %(steps)s is a JSON array of [id, lease generation, lease owner, output] (one text
 -- parameter for the whole batch); a null output is stored as SQL NULL. The hot path
--- of jobs: a run of one step has no dependents to advance (steps_complete_dag does).
+-- of jobs: a run of one step has no dependents to advance (graph_advance does).
 WITH v AS (
     SELECT (e ->> 0)::bigint AS id,
            (e ->> 1)::bigint AS generation,
@@ -420,168 +420,10 @@ WITH v AS (
             AND o.state NOT IN ('completed', 'discarded', 'cancelled'))
     RETURNING r.id
 )
-SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished, NULL::text[] AS woken
+SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished, NULL::text[] AS queues,
+       false AS signals, false AS children, false AS fan_outs
 FROM done
 LEFT JOIN finished ON finished.id = done.run_id;
-
-
--- name: steps_complete_dag
--- Complete held steps of workflow runs, each row guarded by its own CAS; advance their
--- runs; finish every run left with no active step (an item task's completion never
--- finishes one: its fan-out node is still active). Same place and parameter shape as
--- steps_complete (%(dag_steps)s), with a fifth element for a wait step completed by
--- the wait scanner or a signal: the waiting state its CAS expects (owner and
--- generation are null then). A wait node that is reached enters its waiting state
--- (waiting_timer, waiting_signal, waiting_child) with scheduled_at = the statement time + wait_for. A
--- reached fan-out node stays pending; steps_expand_fan_outs, next in the same
--- transaction, inserts its item tasks. "woken" carries '@fanout' when an item finished
--- and '@signal' / '@child' for a reached wait or child node.
--- Advance (engine-design, Why Static DAGs): a pending dependent of a completed step
--- (idx_deps_depnode) becomes available once every one of its dependencies is completed,
--- counting the steps this statement completes (its snapshot does not show them yet).
--- The run row lock taken first makes completions of one run take turns, and READ
--- COMMITTED gives this statement a snapshot taken after the lock was granted, so the
--- last parent to complete always sees the others. Queues that received work come back
--- in "woken", for the wakeup after COMMIT.
-WITH v AS (
-    SELECT (e ->> 0)::bigint AS id,
-           (e ->> 1)::bigint AS generation,
-           e ->> 2 AS owner,
-           nullif(e -> 3, 'null'::jsonb) AS output,
-           e ->> 4 AS waiting
-    FROM jsonb_array_elements(%(dag_steps)s::jsonb) AS e
-), done AS (
-    UPDATE cyclone_steps s
-    SET state = 'completed',
-        output = v.output,
-        completed_at = statement_timestamp(),
-        lease_owner = NULL,
-        lease_expiry = NULL
-    FROM v
-    WHERE s.id = ANY(ARRAY(SELECT id FROM v))
-      AND s.id = v.id
-      AND ((v.waiting IS NULL
-            AND (s.state = 'running') IS TRUE
-            AND s.lease_owner = v.owner
-            AND s.lease_generation = v.generation)
-           OR (v.waiting IS NOT NULL AND s.state = v.waiting))
-    RETURNING s.id, s.run_id, s.node, s.item_of
-), ready AS (
-    SELECT DISTINCT c.run_id, c.node
-    FROM done
-    JOIN cyclone_deps c ON c.run_id = done.run_id AND c.dep_node = done.node
-    WHERE NOT EXISTS (
-        SELECT 1
-        FROM cyclone_deps p
-        JOIN cyclone_steps ps ON ps.run_id = p.run_id AND ps.node = p.dep_node
-        WHERE p.run_id = c.run_id
-          AND p.node = c.node
-          AND ps.state <> 'completed'
-          AND ps.id NOT IN (SELECT id FROM done))
-), advanced AS (
-    UPDATE cyclone_steps s
-    SET state = CASE
-            WHEN r.state = 'paused' THEN 'paused'
-            WHEN s.kind = '@sleep' THEN 'waiting_timer'
-            WHEN s.kind = '@signal' THEN 'waiting_signal'
-            WHEN s.kind = '@child' THEN 'waiting_child'
-            ELSE 'available' END,
-        scheduled_at = CASE WHEN s.kind IN ('@sleep', '@signal') AND r.state <> 'paused'
-            THEN statement_timestamp() + coalesce(s.wait_for, interval '0')
-            ELSE s.scheduled_at END
-    FROM ready
-    JOIN cyclone_runs r ON r.id = ready.run_id
-    WHERE s.run_id = ready.run_id
-      AND s.node = ready.node
-      AND s.state = 'pending'
-      AND s.fan_out_parallel IS NULL
-    RETURNING s.queue, s.kind, s.state
-), finished AS (
-    UPDATE cyclone_runs r
-    SET state = 'completed',
-        finished_at = statement_timestamp(),
-        updated_at = statement_timestamp()
-    -- An item task's completion never finishes its run: its fan-out node stays pending
-    -- (or paused) until the fan-out scanner completes it after the last item, and that
-    -- completion checks. Skipping the check keeps an item's completion from searching
-    -- the run's steps, which a large fan-out makes as many as its items.
-    WHERE r.id IN (SELECT run_id FROM done WHERE item_of IS NULL)
-      AND (r.state IN ('running', 'paused')) IS TRUE
-      AND NOT EXISTS (
-          SELECT 1
-          FROM cyclone_steps o
-          WHERE o.run_id = r.id
-            AND o.state NOT IN ('completed', 'discarded', 'cancelled')
-            AND o.id NOT IN (SELECT id FROM done))
-    RETURNING r.id
-)
-SELECT done.id, done.run_id, finished.id IS NOT NULL AS run_finished,
-       (SELECT array_agg(DISTINCT q) FROM (
-            SELECT CASE WHEN kind IN ('@signal', '@child') THEN kind ELSE queue END
-            FROM advanced WHERE state IN ('available', 'waiting_signal', 'waiting_child')
-            UNION ALL
-            SELECT '@fanout' FROM done WHERE item_of IS NOT NULL) AS w (q)) AS woken
-FROM done
-LEFT JOIN finished ON finished.id = done.run_id;
-
-
--- name: steps_expand_fan_outs
--- Runs after steps_complete_dag in the same transaction, for runs with a fan-out node
--- (cyclone_runs.has_fan_out, read under the run row lock): each fan-out node now reached
--- (pending, every dependency completed) that has no item tasks yet gets one per element
--- of its upstream list, the first fan_out_parallel of them runnable (0: all; paused in a
--- paused run). A list longer than fan_out_max_items (when over 0) gets no items: the
--- fan-out scanner discards that node ('fan_out_too_large'). Idempotent: an expanded node
--- has its items (an empty list, or one over the cap, has none and inserts none again).
--- Rows come back per reached node, for the fan-out scanner.
--- It runs at every item completion, so it reads nothing in proportion to the items:
--- the fan-out nodes are found through their input edge (cyclone_deps, dep_node =
--- input_from: the graph's edges, which items have none of), and "no items yet" is the
--- absence of item 0 (the unique (run_id, node); item tasks are inserted all at once
--- and never deleted one by one).
-WITH reached AS (
-    SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
-           f.retention, f.fan_out_parallel, f.fan_out_max_items, r.state AS run_state,
-           src.output AS over
-    FROM cyclone_deps e
-    JOIN cyclone_steps f ON f.run_id = e.run_id AND f.node = e.node
-    JOIN cyclone_runs r ON r.id = f.run_id
-    JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
-    WHERE e.run_id = ANY(%(fan_out_runs)s::bigint[])
-      AND e.dep_node = f.input_from
-      AND f.fan_out_parallel IS NOT NULL
-      AND f.state IN ('pending', 'paused')
-      AND src.state = 'completed'
-      AND NOT EXISTS (
-          SELECT 1
-          FROM cyclone_deps d
-          JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-          WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
-      AND NOT EXISTS (
-          SELECT 1 FROM cyclone_steps i WHERE i.run_id = f.run_id AND i.node = f.node || '[0]')
-), expanded AS (
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
-        retention, item_of, item_index)
-    SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
-           CASE WHEN f.fan_out_parallel <> 0 AND e.ord > f.fan_out_parallel THEN 'pending'
-                WHEN f.run_state = 'paused' THEN 'paused'
-                ELSE 'available' END,
-           e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
-           (e.ord - 1)::integer
-    FROM reached f,
-         jsonb_array_elements(
-             CASE WHEN jsonb_typeof(f.over) <> 'array' THEN '[]'::jsonb
-                  WHEN coalesce(f.fan_out_max_items, 0) > 0
-                       AND jsonb_array_length(f.over) > f.fan_out_max_items THEN '[]'::jsonb
-                  ELSE f.over END) WITH ORDINALITY AS e (value, ord)
-    RETURNING queue, state
-)
-SELECT NULL::bigint AS id, NULL::bigint AS run_id, false AS run_finished,
-       (SELECT array_agg(DISTINCT q) FROM (
-            SELECT queue FROM expanded WHERE state = 'available'
-            UNION ALL
-            SELECT '@fanout' FROM reached) AS w (q)) AS woken;
 
 
 -- name: steps_outputs
@@ -637,7 +479,7 @@ RETURNING id;
 
 -- name: steps_discard
 -- A failed attempt with no attempts left, or a Discard: the step is dead-lettered.
--- Runs after runs_lock and before runs_resolve_discard in one transaction.
+-- Runs after runs_lock and before graph_resolve_discard in one transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     attempt = attempt + 1,
@@ -715,7 +557,7 @@ RETURNING id, queue;
 -- name: steps_reclaim_discard
 -- The recovery sweep dead-letters a step past max_reclaims (error_kind reclaim_limit);
 -- this is not a reclaim, so reclaims stays at the limit. Runs after runs_lock and
--- before runs_resolve_discard in one transaction.
+-- before graph_resolve_discard in one transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
@@ -758,7 +600,7 @@ ORDER BY s.id;
 -- name: steps_timers_due
 -- The wait scanner's timers: lock the runs of due timer steps (idx_steps_timer), skipping
 -- runs another transaction holds; the steps come back to be completed in this
--- transaction (steps_complete_dag, CAS on waiting_timer).
+-- transaction (graph_advance, CAS on waiting_timer).
 SELECT s.id, s.run_id
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
@@ -795,7 +637,7 @@ FOR UPDATE OF r SKIP LOCKED;
 
 -- name: steps_discard_wait
 -- A signal wait that timed out is discarded (CAS on waiting_signal and the timeout
--- having passed); runs_resolve_discard follows in the same transaction.
+-- having passed); graph_resolve_discard follows in the same transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
@@ -916,7 +758,7 @@ WHERE i.run_id = %(run_id)s
 -- name: steps_discard_fan_out
 -- A fan-out node that cannot complete (its input is not a list, is longer than
 -- max_items, or its collected output is over max_bytes) is discarded (CAS on pending);
--- runs_resolve_discard follows.
+-- graph_resolve_discard follows.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
@@ -971,7 +813,7 @@ FOR UPDATE OF r SKIP LOCKED;
 
 -- name: steps_discard_child
 -- A child node whose child run failed or was cancelled is discarded (CAS on
--- waiting_child); runs_resolve_discard follows in the same transaction.
+-- waiting_child); graph_resolve_discard follows in the same transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
