@@ -66,7 +66,7 @@ from bench.monitor import busy_cores, machine_cpu
 from bench.procstat import own_ticks, read_stats, tick_seconds, tree_ticks
 from bench.report import provenance, text_table, write_results
 from bench.workers import throughput_worker
-from cyclone.client import ENGINE_RESERVE
+from cyclone.sizing import ENGINE_RESERVE
 
 __all__ = [
     "Settings",

@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 import click
 
-from cyclone.client import MAX_SLOTS
 from cyclone.connections import POOLER_ENV, POOLERS
 from cyclone.errors import ValidationError
 from cyclone.options import check_int, check_queue
+from cyclone.sizing import MAX_SLOTS
 
 __all__ = ["connection_options", "json_option", "limit_option", "pooler_option", "slot_options"]
 

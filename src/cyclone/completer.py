@@ -1,12 +1,12 @@
-"""Batched completion of steps that have no completion transaction.
+"""Writing the outcomes of held steps: batched completions, and failures.
 
-decisions.md, Who claims what: completions of steps without ``completion_tx()`` are
-written many per transaction, each row with its own CAS on state, owner and lease
-generation. A batch goes out as soon as the previous one is written (up to two in
-flight), so a lone completion is not delayed and a busy worker folds many into one
-transaction. Runs that end are handed to ``ended`` (the publisher's ``run_done``)
-after the commit, so a NOTIFY that fails can never turn a committed completion into a
-failed one.
+Completions of steps without ``completion_tx()`` are written many per transaction,
+each row with its own CAS on state, owner and lease generation. A batch goes out as
+soon as the previous one is written (up to two in flight), so a lone completion is not
+delayed and a busy worker folds many into one transaction. A failed execution is a
+retry (one CAS) or a discard (one transaction that resolves the run). What they wake
+and the runs they end go to the client's announcer after the commit, so a NOTIFY that
+fails can never turn a committed outcome into a failed one.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import batch_async
+from cyclone.dbio import Stmt, batch_async
 from cyclone.graph import parse_advanced
 from cyclone.retry import WRITE_RETRIES, error_backoff
-from cyclone.transitions import Claimed, complete_stmts
-from cyclone.wakeups import Announcer
+from cyclone.transitions import FAILURE_CAS, Claimed, Failure, complete_stmts, failure_stmts
+from cyclone.wakeups import NO_WAKEUPS, Announcer
 
 __all__ = ["MAX_BATCH", "Completer"]
 
@@ -42,8 +43,10 @@ class Completer:
         *,
         batch: int,
         announcer: Announcer,
+        wake: Callable[[str], None],
     ) -> None:
         self._pool = pool
+        self._wake = wake  # this worker's claim loop of a queue
         self._announcer = announcer  # after the commit: wakeups, every run the batch ended
         self._batch = batch
         self._items: list[tuple[Claimed, str | None, asyncio.Future[tuple[bool, bool]]]] = []
@@ -125,3 +128,44 @@ class Completer:
         for step, _, future in batch:
             if not future.done():
                 future.set_result((step.id in advanced.done, step.run_id in advanced.finished))
+
+    async def fail(self, step: Claimed, failure: Failure) -> None:
+        """Record a failed execution of ``step``: a retry with backoff (one CAS), or a
+        discard that resolves the run (one transaction); announce, after the commit,
+        the runs it ended. Written with retries; given up (the sweep recovers the
+        step) when the database stays out of reach."""
+        stmts, transaction = failure_stmts(step, failure)
+        rows = await self._write(stmts, transaction=transaction)
+        if rows is None:
+            return
+        ended: set[int] = set()
+        if failure.discard and step.has_children:  # child runs runs_cancel_children ended
+            ended.update(row[1] for row in rows[-1])
+        if not rows[FAILURE_CAS[transaction]]:
+            log.info("step %d (%s): stale failure ignored", step.id, step.kind)
+        elif failure.discard:
+            log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
+            ended.add(step.run_id)
+        else:
+            # Nothing announces the end of a backoff: wake this queue then ourselves.
+            asyncio.get_running_loop().call_later(failure.delay, self._wake, step.queue)
+            log.info(
+                "step %d (%s) failed attempt %d, retry in %.1f s: %s",
+                step.id,
+                step.kind,
+                step.attempt + 1,
+                failure.delay,
+                failure.error,
+            )
+        self._announcer.announce(NO_WAKEUPS, ended)
+
+    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
+        """Run engine statements with retries; ``None`` if they could not be written."""
+        for attempt in range(WRITE_RETRIES):
+            try:
+                async with self._pool.connection() as conn:
+                    return await batch_async(conn, stmts, transaction=transaction)
+            except Exception as exc:
+                log.warning("engine write failed (attempt %d): %s", attempt + 1, exc)
+                await asyncio.sleep(error_backoff(attempt))
+        return None

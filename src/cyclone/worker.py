@@ -32,22 +32,19 @@ from cyclone.claims import Claimer
 from cyclone.completer import MAX_BATCH, Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
-from cyclone.dbio import Stmt, batch_async, batch_sync, fetch_async
+from cyclone.dbio import batch_async, fetch_async
 from cyclone.errors import Discard, StepInterrupted
+from cyclone.execute import Held, decide_outcome, failure_of, run_sync_handler
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
-from cyclone.payloads import encode_json
 from cyclone.producer import EnqueueRequest
-from cyclone.retry import WRITE_RETRIES, error_backoff
+from cyclone.retry import error_backoff
 from cyclone.sql import CLAIM_LIMITS, claim_limit
 from cyclone.transitions import (
-    FAILURE_CAS,
     Claimed,
     Failure,
     complete_stmts,
-    decide_failure,
-    failure_stmts,
     release_stmt,
 )
 from cyclone.wakeups import Announcer, Wakeups
@@ -81,20 +78,6 @@ class WorkerSettings:
     def claim_cap(self) -> int:
         """The most steps one claim statement takes."""
         return min(self.claim_batch or MAX_CLAIM_BATCH, MAX_CLAIM_BATCH)
-
-
-@dataclass(slots=True, eq=False)
-class _Held:
-    """A step this worker holds, from claim until its outcome is written."""
-
-    step: Claimed
-    ctx: Context
-    task: asyncio.Task[None] | None = None
-    in_handler: bool = False
-    completing: bool = False  # the handler returned; its outcome is being written
-    lost: bool = False  # a heartbeat found the lease gone
-    released: bool = False  # given back at shutdown
-    finished: bool = False  # its outcome is written (or given up)
 
 
 @dataclass(slots=True, eq=False)
@@ -144,13 +127,14 @@ class Worker:
         self._announcer = announcer
         self._build_request = build_request
         self._queues = {name: _Queue(name, n) for name, n in settings.queues.items()}
-        self._held: dict[tuple[int, str], _Held] = {}  # by (step id, lease owner)
+        self._held: dict[tuple[int, str], Held] = {}  # by (step id, lease owner)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._completer = Completer(
             pool,
             batch=min(MAX_BATCH, max(10, settings.claim_cap)),
             announcer=announcer,
+            wake=self.wake,
         )
         total = sum(settings.queues.values())
         self._executor = ThreadPoolExecutor(max_workers=total, thread_name_prefix="cyclone-step")
@@ -284,7 +268,7 @@ class Worker:
 
     # -- running a step ------------------------------------------------------------
 
-    def _dispatch(self, queue: _Queue, step: Claimed) -> _Held:
+    def _dispatch(self, queue: _Queue, step: Claimed) -> Held:
         """Start the handler of a claimed step in its own task; the step as held."""
         handler = self._handlers[step.kind]
         tx = CompletionTx(
@@ -308,7 +292,7 @@ class Worker:
             build_request=self._build_request,
             build_submit=self._build_submit,
         )
-        held = _Held(step, ctx)
+        held = Held(step, ctx)
         self._held[step.id, step.owner] = held
         queue.busy += 1
         run = self._execute_async if handler.is_async else self._execute_sync
@@ -318,7 +302,7 @@ class Worker:
         task.add_done_callback(self._tasks.discard)
         return held
 
-    async def _execute(self, running: Awaitable[None], queue: _Queue, held: _Held) -> None:
+    async def _execute(self, running: Awaitable[None], queue: _Queue, held: Held) -> None:
         """Run a step to its written outcome, then free its slot."""
         try:
             await running
@@ -332,10 +316,8 @@ class Worker:
             queue.busy -= 1
             queue.freed.set()
 
-    async def _execute_async(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
+    async def _execute_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
         step, ctx = held.step, held.ctx
-        failure: Failure | None = None
-        output: str | None = None
         timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
         held.in_handler = True
         try:
@@ -347,55 +329,51 @@ class Worker:
                 else:
                     async with timeout_cm:
                         value = await handler.fn(ctx, handler.codec.decode(step.input))
-                output = self._encode_output(handler, value)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if not (held.lost or held.released) or task is None:
+                if not held.gone or task is None:
                     raise
                 task.uncancel()
                 why = "released at shutdown" if held.released else "lease lost"
                 log.info("step %d (%s): %s, handler cancelled", step.id, step.kind, why)
                 return
-            except StepInterrupted as exc:
-                if held.lost or held.released or ctx.cancelled:
-                    log.info("step %d (%s): handler stopped, step not held", step.id, step.kind)
-                    return
-                failure = self._decide(handler, step, exc)
             except Exception as exc:
-                timed_out = timeout_cm is not None and timeout_cm.expired()
-                error: BaseException = (
-                    TimeoutError(f"step exceeded its timeout of {step.timeout} s")
-                    if timed_out
-                    else exc
+                timed_out = (
+                    not isinstance(exc, StepInterrupted)
+                    and timeout_cm is not None
+                    and timeout_cm.expired()
                 )
-                failure = self._decide(handler, step, error, "timeout" if timed_out else None)
+                outcome = decide_outcome(
+                    handler,
+                    step,
+                    error=exc,
+                    not_held=held.gone or ctx.cancelled,
+                    timed_out=timed_out,
+                )
+            else:
+                outcome = decide_outcome(handler, step, value=value)
             finally:
                 held.in_handler = False
                 held.completing = True
-            if failure is not None:
+            if outcome.dropped:
+                log.info("step %d (%s): handler stopped, step not held", step.id, step.kind)
+            elif outcome.failure is not None:
                 await tx.close_async(commit=False)
-                await self._record_failure(held, failure)
-            elif held.released or held.lost:
+                await self._record_failure(held, outcome.failure)
+            elif held.gone:
                 return
             elif tx.opened:
-                await self._complete_in_tx_async(handler, held, tx, output)
+                await self._complete_in_tx_async(handler, held, tx, outcome.output)
             else:
-                await self._complete_batched(held, output)
+                await self._complete_batched(held, outcome.output)
         finally:
             await tx.close_async(commit=False)  # whatever happened: never leak a slot
 
-    def _decide(
-        self, handler: Handler, step: Claimed, exc: BaseException, kind: str | None = None
-    ) -> Failure:
-        return decide_failure(
-            step, exc, retry=handler.retry, no_retry=handler.no_retry, error_kind=kind
-        )
-
-    async def _execute_sync(self, handler: Handler, held: _Held, tx: CompletionTx) -> None:
+    async def _execute_sync(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
         step = held.step
         loop = asyncio.get_running_loop()
         self._threads_running += 1
-        future = loop.run_in_executor(self._executor, self._run_sync_handler, handler, held, tx)
+        future = loop.run_in_executor(self._executor, run_sync_handler, handler, held, tx)
         future.add_done_callback(self._thread_returned)
         timed_out = False
         try:
@@ -412,80 +390,23 @@ class Worker:
                     log.info("step %d (%s): completion transaction ended", step.id, step.kind)
             except Exception as error:  # the sweep and the CAS still fence the thread
                 log.warning("step %d: ending its transaction failed: %s", step.id, error)
-            exc = TimeoutError(f"step exceeded its timeout of {step.timeout} s")
-            await self._record_failure(held, self._decide(handler, step, exc, "timeout"))
+            failure = failure_of(handler, step, TimeoutError(), timed_out=True)
+            await self._record_failure(held, failure)
             result = await future
-        if result is None:
+        if isinstance(result, Advanced):  # committed in its transaction, even if it timed out
+            self._after_completion(held, result)
+        elif result is None or timed_out:
             return
-        kind, payload = result
-        if kind == "completed":  # committed in its transaction, even if the timeout fired
-            self._after_completion(held, *payload)
-        elif timed_out:
-            return
-        elif kind == "failed":
-            await self._record_failure(held, payload)
-        elif kind == "output" and not (held.released or held.lost):
-            await self._complete_batched(held, payload)
+        elif result.failure is not None:
+            await self._record_failure(held, result.failure)
+        elif not held.gone:
+            await self._complete_batched(held, result.output)
 
     def _thread_returned(self, _: object) -> None:
         self._threads_running -= 1
 
-    def _run_sync_handler(
-        self, handler: Handler, held: _Held, tx: CompletionTx
-    ) -> tuple[str, Any] | None:
-        """In a handler thread: run it, and complete in its completion tx if opened.
-
-        Returns ``("output", json)`` for the completer, ``("completed", Advanced)``,
-        ``("failed", Failure)``, or ``None`` when there is nothing to record.
-        """
-        step, ctx = held.step, held.ctx
-        held.in_handler = True
-        try:
-            try:
-                if step.input_error is not None:
-                    raise Discard(step.input_error)
-                value = handler.fn(ctx, handler.codec.decode(step.input))
-                output = self._encode_output(handler, value)
-            except StepInterrupted as exc:
-                if held.lost or held.released or ctx.cancelled:
-                    return None
-                return "failed", self._decide(handler, step, exc)
-            except Exception as exc:
-                return "failed", self._decide(handler, step, exc)
-            finally:
-                held.in_handler = False
-                held.completing = True
-            if not tx.opened:
-                return "output", output
-            if held.released or held.lost or ctx.cancelled:
-                return None
-            assert tx.sync_conn is not None
-            try:
-                rows = batch_sync(tx.sync_conn, complete_stmts([(step, output)]), transaction=False)
-                advanced = parse_advanced(rows[1:])
-                if step.id not in advanced.done:
-                    log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
-                    return None
-                tx.close_sync(commit=True)
-            except StepInterrupted:  # the engine ended the transaction: nothing committed
-                log.info("step %d (%s): timed out before its commit", step.id, step.kind)
-                return None
-            except Exception as exc:
-                log.warning(
-                    "step %d (%s): completion transaction failed: %s", step.id, step.kind, exc
-                )
-                return "failed", self._decide(handler, step, exc)
-            return "completed", advanced
-        finally:
-            tx.close_sync(commit=False)  # whatever happened: never leak a slot
-
-    def _encode_output(self, handler: Handler, value: Any) -> str | None:
-        if not handler.has_output:
-            return None
-        return encode_json(handler.codec.encode(value), f"output of kind {handler.kind!r}")
-
     async def _complete_in_tx_async(
-        self, handler: Handler, held: _Held, tx: CompletionTx, output: str | None
+        self, handler: Handler, held: Held, tx: CompletionTx, output: str | None
     ) -> None:
         """Complete the step inside its completion transaction and commit both.
 
@@ -506,11 +427,11 @@ class Worker:
         except Exception as exc:
             await tx.close_async(commit=False)
             log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
-            await self._record_failure(held, self._decide(handler, step, exc))
+            await self._record_failure(held, failure_of(handler, step, exc))
             return
         self._after_completion(held, advanced)
 
-    async def _complete_batched(self, held: _Held, output: str | None) -> None:
+    async def _complete_batched(self, held: Held, output: str | None) -> None:
         try:
             completed, _ = await self._completer.complete(held.step, output)
         except psycopg.OperationalError:
@@ -518,59 +439,25 @@ class Worker:
         except Exception as exc:
             log.warning("step %d (%s): completion failed: %s", held.step.id, held.step.kind, exc)
             handler = self._handlers[held.step.kind]
-            await self._record_failure(held, self._decide(handler, held.step, exc))
+            await self._record_failure(held, failure_of(handler, held.step, exc))
             return
         if not completed:
             log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
         # the completer announced finished runs after its commit
 
-    def _after_completion(self, held: _Held, advanced: Advanced) -> None:
+    def _after_completion(self, held: Held, advanced: Advanced) -> None:
         """After the commit of a completion transaction: the wakeups its handler's
         ``*_tx`` calls recorded and the advance's, and the runs it finished (the step's
         run, child runs it cancelled)."""
         wakeups = advanced.wakeups | Wakeups.of_queues(held.ctx._wakeups)
         self._announcer.announce(wakeups, advanced.finished)
 
-    async def _record_failure(self, held: _Held, failure: Failure) -> None:
-        step = held.step
-        stmts, transaction = failure_stmts(step, failure)
-        rows = await self._write(stmts, transaction=transaction)
-        if rows is None:
-            return
-        if failure.discard and step.has_children:  # child runs runs_cancel_children ended
-            self._announcer.announce(Wakeups(), (row[1] for row in rows[-1]))
-        if not rows[FAILURE_CAS[transaction]]:
-            log.info("step %d (%s): stale failure ignored", step.id, step.kind)
-            return
-        if failure.discard:
-            log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
-            self._announcer.announce(Wakeups(), (step.run_id,))  # after the commit
-        else:
-            # Nothing announces the end of a backoff: wake this queue then ourselves.
-            asyncio.get_running_loop().call_later(failure.delay, self.wake, step.queue)
-            log.info(
-                "step %d (%s) failed attempt %d, retry in %.1f s: %s",
-                step.id,
-                step.kind,
-                step.attempt + 1,
-                failure.delay,
-                failure.error,
-            )
-
-    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
-        """Run engine statements with retries; ``None`` if they could not be written."""
-        for attempt in range(WRITE_RETRIES):
-            try:
-                async with self._pool.connection() as conn:
-                    return await batch_async(conn, stmts, transaction=transaction)
-            except Exception as exc:
-                log.warning("engine write failed (attempt %d): %s", attempt + 1, exc)
-                await asyncio.sleep(error_backoff(attempt))
-        return None
+    async def _record_failure(self, held: Held, failure: Failure) -> None:
+        await self._completer.fail(held.step, failure)
 
     # -- heartbeats ----------------------------------------------------------------
 
-    def _schedule_heartbeats(self, helds: list[_Held]) -> None:
+    def _schedule_heartbeats(self, helds: list[Held]) -> None:
         """Renew the leases of steps just claimed, the first time TTL/3 from now."""
         self.heartbeats.hold(held.step for held in helds)
 

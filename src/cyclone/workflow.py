@@ -1,4 +1,4 @@
-"""Static DAG workflows: the builder, its validation and the ``def_version`` fingerprint.
+"""Static DAG workflows: the builder (its checks and fingerprint: :mod:`cyclone.dag`).
 
 python-api.md, Workflows; engine-design, Why Static DAGs. A :class:`Workflow` is plain
 data: nodes (each a kind with options), control edges (``after=``), data edges
@@ -21,24 +21,28 @@ A data edge implies its control edge: the node runs once every node of ``after``
 
 from __future__ import annotations
 
-import hashlib
-import heapq
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
+from cyclone.dag import (
+    Assembly,
+    DepPolicy,
+    Node,
+    NodeRef,
+    NodeSpec,
+    check_id,
+    fingerprint,
+    signals_of,
+    topological_order,
+)
 from cyclone.errors import ValidationError, WorkflowError
 from cyclone.handlers import Handler
-from cyclone.options import CENTURY, Duration, JobOptions, check_text, seconds
+from cyclone.options import Duration, JobOptions
 from cyclone.payloads import PLAIN, encode_json
+from cyclone.wait_nodes import WaitNodes
 
 __all__ = ["Assembly", "DepPolicy", "Node", "NodeSpec", "Workflow"]
-
-Assembly = Literal["tuple", "array"]
-"""How ``inputs=`` sources are assembled into one input."""
-DepPolicy = Literal["fail_run", "cancel_branch"]
-"""What a node does when a node upstream of it is discarded."""
 
 _ASSEMBLIES = ("tuple", "array")
 _POLICIES = ("fail_run", "cancel_branch")
@@ -49,65 +53,7 @@ _INT64 = 2**63 - 1
 """The largest value of a ``bigint`` column (fan_out_max_bytes)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Node:
-    """A reference to a node of a workflow, returned by :meth:`Workflow.node`.
-
-    Pass it to ``after=``, ``input_from=``, ``inputs=`` and :meth:`Workflow.result`;
-    a node id string works too.
-    """
-
-    __module__ = "cyclone"
-
-    id: str
-    workflow: str
-
-    def __str__(self) -> str:
-        return self.id
-
-
-NodeRef = Node | str
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """One declared node: its kind, edges, input binding and options.
-
-    ``input`` is the constant input as JSON text, or ``None``. ``overrides`` are the
-    options given at definition; the kind's defaults fill the rest at submit.
-    """
-
-    id: str
-    kind: str
-    handler: Handler | None
-    after: tuple[str, ...]
-    input_from: str | None
-    inputs: tuple[str, ...]
-    assembly: Assembly
-    input: str | None
-    overrides: Mapping[str, Any]
-    on_dep_failure: DepPolicy
-    wait_for: float | None = None
-    signal_name: str | None = None
-    signal_names: tuple[str, ...] | None = None
-    wait_count: int | None = None
-    fan_out_parallel: int | None = None
-    fan_out_max_bytes: int | None = None
-    fan_out_max_items: int | None = None
-    child: Workflow | None = None
-    child_needs_result: bool | None = None
-
-    @property
-    def deps(self) -> dict[str, str]:
-        """Every upstream node -> ``"data"`` or ``"control"``, in declaration order."""
-        deps = dict.fromkeys(self.after, "control")
-        for dep in (self.input_from, *self.inputs):
-            if dep is not None:
-                deps[dep] = "data"
-        return deps
-
-
-class Workflow:
+class Workflow(WaitNodes):
     """A static DAG of steps, declared once and submitted many times.
 
     Example::
@@ -128,7 +74,7 @@ class Workflow:
     __module__ = "cyclone"
 
     def __init__(self, name: str) -> None:
-        self.name = _check_id(name, "workflow name")
+        self.name = check_id(name, "workflow name")
         self._nodes: dict[str, NodeSpec] = {}
         self._result: str | None = None
         self._fingerprint: str | None = None
@@ -193,7 +139,7 @@ class Workflow:
         if isinstance(kind, Handler):
             kind_name, handler = kind.kind, kind
         elif isinstance(kind, str):
-            kind_name, handler = _check_id(kind, f"kind of {where}"), None
+            kind_name, handler = check_id(kind, f"kind of {where}"), None
             if kind_name.startswith("@"):
                 raise WorkflowError(f"{where}: kind names starting with '@' are the engine's")
         else:
@@ -422,103 +368,8 @@ class Workflow:
         """The workflows its child nodes start (directly)."""
         return [spec.child for spec in self._nodes.values() if spec.child is not None]
 
-    def sleep(self, id: str, duration: Duration, *, after: Iterable[NodeRef] = ()) -> Node:
-        """Declare a durable timer: the node waits ``duration`` (``timedelta`` or seconds)
-        from the moment it is reached (state ``waiting_timer``), then completes with no
-        output. The wait scanner completes it by the database clock, across restarts.
-
-        Raises:
-            WorkflowError: a duplicate id or a bad duration.
-        """
-        node_id, where = self._new_id(id)
-        wait = _duration(duration, f"duration of {where}", required=True)
-        return self._wait(node_id, where, "@sleep", after, wait_for=wait)
-
-    def wait_signal(
-        self,
-        id: str,
-        name: str | None = None,
-        *,
-        timeout: Duration | None = None,
-        after: Iterable[NodeRef] = (),
-    ) -> Node:
-        """Declare a wait for one signal ``name`` (default: the node id). Its output is
-        the signal's payload. Past ``timeout`` (seconds or ``timedelta`` from the moment
-        the wait is reached) the node is discarded with ``error_kind = 'signal_timeout'``.
-
-        Raises:
-            WorkflowError: a duplicate id or signal name, or a bad timeout.
-        """
-        node_id, where = self._new_id(id)
-        signal = _check_id(name if name is not None else node_id, f"signal name of {where}")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=_duration(timeout, f"timeout of {where}"),
-            signal_name=signal,
-        )
-
-    def wait_n(
-        self,
-        id: str,
-        name: str,
-        n: int,
-        *,
-        timeout: Duration | None = None,
-        after: Iterable[NodeRef] = (),
-    ) -> Node:
-        """Declare a wait for ``n`` signals ``name``; its output is the list of their
-        payloads in arrival order. See :meth:`wait_signal` for ``timeout``.
-
-        Raises:
-            WorkflowError: a duplicate id or signal name, a bad ``n`` or timeout.
-        """
-        node_id, where = self._new_id(id)
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 10_000:
-            raise WorkflowError(f"{where}: n must be an int from 1 to 10000, got {n!r}")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=_duration(timeout, f"timeout of {where}"),
-            signal_name=_check_id(name, f"signal name of {where}"),
-            wait_count=n,
-        )
-
-    def wait_any(
-        self,
-        id: str,
-        names: Sequence[str],
-        *,
-        timeout: Duration | None = None,
-        after: Iterable[NodeRef] = (),
-    ) -> Node:
-        """Declare a wait for the first signal among ``names``; its output is
-        ``{"name": ..., "payload": ...}``. See :meth:`wait_signal` for ``timeout``.
-
-        Raises:
-            WorkflowError: a duplicate id or signal name, no names, or a bad timeout.
-        """
-        node_id, where = self._new_id(id)
-        if isinstance(names, str) or not isinstance(names, Sequence) or not names:
-            raise WorkflowError(f"{where}: names must be a non-empty list, got {names!r}")
-        checked = tuple(_check_id(n, f"signal name of {where}") for n in names)
-        if len(set(checked)) < len(checked):
-            raise WorkflowError(f"{where}: names {list(checked)} repeat a name")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=_duration(timeout, f"timeout of {where}"),
-            signal_names=checked,
-        )
-
     def _new_id(self, id: Any) -> tuple[str, str]:
-        node_id = _check_id(id, "node id")
+        node_id = check_id(id, "node id")
         if "[" in node_id or "]" in node_id:
             raise WorkflowError(f"node id {node_id!r} may not contain '[' or ']'")
         if node_id in self._nodes:
@@ -532,35 +383,6 @@ class Workflow:
             raise WorkflowError(f"{where}: after must be a list of nodes, got {after!r}")
         return tuple(dict.fromkeys(self._ref(ref, f"after of {where}") for ref in after))
 
-    def _wait(self, node_id: str, where: str, kind: str, after: Any, **wait: Any) -> Node:
-        after_ids = self._after(after, where)
-        if node_id in after_ids:
-            raise WorkflowError(f"{where} depends on itself")
-        names = [wait.get("signal_name")] if wait.get("signal_name") else []
-        names += list(wait.get("signal_names") or ())
-        taken = {n for spec in self._nodes.values() for n in _signals(spec)}
-        for name in names:
-            if name in taken:
-                raise WorkflowError(
-                    f"{where}: signal name {name!r} is already waited for by another node "
-                    "(signal names are unique per workflow)"
-                )
-        return self._add(
-            NodeSpec(
-                id=node_id,
-                kind=kind,
-                handler=None,
-                after=after_ids,
-                input_from=None,
-                inputs=(),
-                assembly="tuple",
-                input=None,
-                overrides={},
-                on_dep_failure="fail_run",
-                **wait,
-            )
-        )
-
     def _add(self, spec: NodeSpec) -> Node:
         if len(self._nodes) >= _MAX_NODES:
             raise WorkflowError(f"workflow {self.name!r} has more than {_MAX_NODES} nodes")
@@ -571,7 +393,7 @@ class Workflow:
 
     def signal_names(self) -> set[str]:
         """Every signal name a wait node of this workflow declares."""
-        return {n for spec in self._nodes.values() for n in _signals(spec)}
+        return {n for spec in self._nodes.values() for n in signals_of(spec)}
 
     def result(self, node: NodeRef) -> None:
         """Make ``node``'s output the run result (``cyclone_runs.result_node``).
@@ -592,7 +414,7 @@ class Workflow:
                 raise WorkflowError(f"{what}: {ref.id!r} is a node of workflow {ref.workflow!r}")
             return ref.id
         if isinstance(ref, str):
-            return _check_id(ref, what)
+            return check_id(ref, what)
         raise WorkflowError(f"{what}: expected a node or a node id, got {ref!r}")
 
     def validate(self) -> list[str]:
@@ -604,75 +426,21 @@ class Workflow:
         Raises:
             WorkflowError: no nodes, an unknown dependency, or a cycle (named).
         """
-        if self._order is not None:
-            return self._order
-        if not self._nodes:
-            raise WorkflowError(f"workflow {self.name!r} has no nodes")
-        for spec in self._nodes.values():
-            for dep in spec.deps:
-                if dep not in self._nodes:
-                    raise WorkflowError(
-                        f"workflow {self.name!r}: node {spec.id!r} depends on unknown node {dep!r}"
-                    )
-        waiting = {node_id: len(spec.deps) for node_id, spec in self._nodes.items()}
-        dependents: dict[str, list[str]] = {node_id: [] for node_id in self._nodes}
-        for spec in self._nodes.values():
-            for dep in spec.deps:
-                dependents[dep].append(spec.id)
-        ids = list(self._nodes)
-        rank = {node_id: i for i, node_id in enumerate(ids)}
-        ready = [rank[node_id] for node_id, n in waiting.items() if n == 0]
-        heapq.heapify(ready)
-        order: list[str] = []
-        while ready:
-            node_id = ids[heapq.heappop(ready)]
-            order.append(node_id)
-            for child in dependents[node_id]:
-                waiting[child] -= 1
-                if waiting[child] == 0:
-                    heapq.heappush(ready, rank[child])
-        if len(order) < len(self._nodes):
-            stuck = [node_id for node_id, n in waiting.items() if n > 0]
-            raise WorkflowError(
-                f"workflow {self.name!r} has a cycle through nodes {_cycle(stuck, self._nodes)}"
-            )
-        self._order = order
-        return order
+        if self._order is None:
+            self._order = topological_order(self.name, self._nodes)
+        return self._order
 
     @property
     def def_version(self) -> str:
-        """A stable fingerprint of the serialized DAG: 32 hex digits.
-
-        Computed from the workflow name, each node's id, kind, edges (with their type),
-        input bindings (slot order and assembly) and the result node, serialized as
-        canonical JSON and hashed with SHA-256. The same definition gives the same
-        string in every process and Python version; changing topology, kinds or edges
-        changes it. Options (queue, priority, attempts, timeouts, retention, failure
-        policy) and constant inputs are stored per step at submit and do not change it.
+        """A stable fingerprint of the serialized DAG: 32 hex digits
+        (:func:`cyclone.dag.fingerprint`).
 
         Raises:
             WorkflowError: the graph is invalid (see :meth:`validate`).
         """
         if self._fingerprint is None:
             self.validate()
-            shape = {
-                "workflow": self.name,
-                "result": self._result,
-                "nodes": [
-                    [
-                        spec.id,
-                        spec.kind,
-                        sorted(spec.deps.items()),
-                        spec.input_from,
-                        list(spec.inputs),
-                        spec.assembly if spec.inputs else None,
-                        *_wait_shape(spec),
-                    ]
-                    for spec in sorted(self._nodes.values(), key=lambda s: s.id)
-                ],
-            }
-            text = json.dumps(shape, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:32]
+            self._fingerprint = fingerprint(self.name, self._result, self._nodes.values())
         return self._fingerprint
 
     def kinds(self) -> dict[str, Handler | None]:
@@ -682,53 +450,3 @@ class Workflow:
             if found.get(spec.kind) is None:
                 found[spec.kind] = spec.handler
         return found
-
-
-def _signals(spec: NodeSpec) -> list[str]:
-    return ([spec.signal_name] if spec.signal_name else []) + list(spec.signal_names or ())
-
-
-def _wait_shape(spec: NodeSpec) -> list[Any]:
-    """The fingerprinted shape of a wait or fan-out node (nothing for a plain node)."""
-    if spec.fan_out_parallel is not None:
-        return ["fan_out"]
-    if spec.child is not None:
-        return ["child", spec.child.name, spec.child.def_version, spec.child_needs_result]
-    if not spec.kind.startswith("@"):
-        return []
-    return [spec.wait_for, spec.signal_name, list(spec.signal_names or ()), spec.wait_count]
-
-
-def _duration(value: Any, what: str, *, required: bool = False) -> float | None:
-    if value is None:
-        if required:
-            raise WorkflowError(f"{what} is required")
-        return None
-    try:
-        return seconds(value, what, minimum=0.000001, maximum=CENTURY)
-    except ValidationError as exc:
-        raise WorkflowError(str(exc)) from None
-
-
-def _check_id(value: Any, what: str) -> str:
-    try:
-        text = check_text(value, what)
-    except ValidationError as exc:
-        raise WorkflowError(str(exc)) from None
-    if not text:
-        raise WorkflowError(f"{what} must not be empty")
-    return text
-
-
-def _cycle(stuck: list[str], nodes: Mapping[str, NodeSpec]) -> str:
-    """One cycle among the ``stuck`` nodes, as ``a -> b -> a``."""
-    members = set(stuck)
-    path: list[str] = []
-    seen: dict[str, int] = {}
-    current = stuck[0]
-    while current not in seen:
-        seen[current] = len(path)
-        path.append(current)
-        current = next(dep for dep in nodes[current].deps if dep in members)
-    loop = [*path[seen[current] :], current]
-    return " -> ".join(repr(n) for n in reversed(loop))

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 import cyclone
+from cyclone.notify import runs_in_payload
 from tests.helpers import apoll_until, scalar
 
 
@@ -169,3 +170,30 @@ async def test_a_connection_ended_while_pooled_costs_no_attempt(
         runs = [await client.wait(await client.enqueue(kind), timeout=30) for kind in kinds]
     assert [r.state for r in runs] == [cyclone.RunState.COMPLETED] * 2
     assert scalar(db, "SELECT count(*) FROM ledger") == 4
+
+
+async def test_a_sync_handler_committing_in_its_transaction_announces_its_run(
+    dsn: str, db: psycopg.Connection[Any], ledger: None
+) -> None:
+    """A plain ``def`` handler that completes inside its completion transaction has its
+    finished run announced on ``cyclone_run_done`` after the commit."""
+
+    @cyclone.action("announces_sync", max_attempts=1)
+    def announces_sync(ctx: cyclone.Context, inp: Any) -> None:
+        ctx.completion_tx().execute("INSERT INTO ledger VALUES (%s, 'sync')", (ctx.run_id,))
+
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute("LISTEN cyclone_run_done")
+        async with cyclone.Client(dsn, handlers=[announces_sync]) as client:
+            job = await client.enqueue(announces_sync)
+            run = await client.wait(job, timeout=30)
+        # stop() flushed the publisher: every announcement is sent; a marker ends the read
+        db.execute("SELECT pg_notify('cyclone_run_done', 'marker')")
+        heard: set[int] = set()
+        for note in listener.notifies(timeout=30):
+            if note.payload == "marker":
+                break
+            heard |= set(runs_in_payload(note.payload))
+    assert run.state == cyclone.RunState.COMPLETED
+    assert scalar(db, "SELECT count(*) FROM ledger") == 1
+    assert job.run_id in heard

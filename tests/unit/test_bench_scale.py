@@ -9,7 +9,7 @@ import pytest
 from bench.procstat import ProcStat, own_ticks, parse_stat, read_stats, tree_ticks
 from bench.scale import connection_budget, median_figures, saturated_at
 
-from cyclone.client import ENGINE_RESERVE
+from cyclone.sizing import ENGINE_RESERVE
 
 # pid 812, comm "postgres: bench (x) idle", ppid 800, utime 40, stime 9, cutime 3, cstime 1
 LINE = (

@@ -1,0 +1,161 @@
+"""Running one held step's handler, and deciding what its return or exception becomes.
+
+:func:`decide_outcome` is the one decision shared by the two ways a handler runs (an
+``async def`` on the event loop, a plain ``def`` in a handler thread): a return is
+an output, encoded as JSON text (or a failure when it cannot be encoded); an exception
+is a :class:`cyclone.transitions.Failure` (retry with backoff, or discard), a timeout
+recorded as ``error_kind = 'timeout'``; an interruption of a step no longer held
+(lease lost, released at shutdown, cancelled) is dropped: nothing is written for it.
+The worker records the outcome (:mod:`cyclone.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from cyclone.completion import CompletionTx
+from cyclone.context import Context
+from cyclone.dbio import batch_sync
+from cyclone.errors import Discard, StepInterrupted
+from cyclone.graph import Advanced, parse_advanced
+from cyclone.handlers import Handler
+from cyclone.payloads import encode_json
+from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
+
+__all__ = ["Held", "StepOutcome", "decide_outcome", "failure_of", "run_sync_handler"]
+
+log = logging.getLogger("cyclone.worker")
+
+
+@dataclass(slots=True, eq=False)
+class Held:
+    """A step this worker holds, from claim until its outcome is written."""
+
+    step: Claimed
+    ctx: Context
+    task: asyncio.Task[None] | None = None
+    in_handler: bool = False
+    completing: bool = False  # the handler returned; its outcome is being written
+    lost: bool = False  # a heartbeat found the lease gone
+    released: bool = False  # given back at shutdown
+    finished: bool = False  # its outcome is written (or given up)
+
+    @property
+    def gone(self) -> bool:
+        """The step is no longer this worker's: its lease was lost, or it was given
+        back at shutdown."""
+        return self.lost or self.released
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one execution of a handler came to.
+
+    Exactly one of: ``failure`` set (record it); ``dropped`` (write nothing: the step
+    is no longer held); else ``output``, the JSON text to complete with (``None`` for
+    an action, stored as NULL).
+    """
+
+    output: str | None = None
+    failure: Failure | None = None
+    dropped: bool = False
+
+
+DROPPED = StepOutcome(dropped=True)
+
+
+def decide_outcome(
+    handler: Handler,
+    step: Claimed,
+    *,
+    value: Any = None,
+    error: BaseException | None = None,
+    not_held: bool = False,
+    timed_out: bool = False,
+) -> StepOutcome:
+    """What a handler that returned ``value`` or raised ``error`` comes to.
+
+    ``not_held`` says the step is no longer held (lease lost, released, cancelled):
+    a ``StepInterrupted`` raised then is dropped. ``timed_out`` says the step's
+    timeout (seconds, ``step.timeout``) cut the handler short: the failure is a
+    ``TimeoutError`` with ``error_kind = 'timeout'``. A value that cannot be encoded as
+    JSON is a failure like any exception.
+    """
+    if error is None:
+        try:
+            output = (
+                encode_json(handler.codec.encode(value), f"output of kind {handler.kind!r}")
+                if handler.has_output
+                else None
+            )
+        except Exception as exc:
+            error = exc
+        else:
+            return StepOutcome(output=output)
+    if isinstance(error, StepInterrupted) and not_held:
+        return DROPPED
+    return StepOutcome(failure=failure_of(handler, step, error, timed_out=timed_out))
+
+
+def failure_of(
+    handler: Handler, step: Claimed, error: BaseException, *, timed_out: bool = False
+) -> Failure:
+    """The failure ``error`` makes of an execution of ``step`` under its kind's retry
+    policy; with ``timed_out``, a ``TimeoutError`` naming the step's timeout, recorded
+    with ``error_kind = 'timeout'``."""
+    kind = None
+    if timed_out:
+        error, kind = TimeoutError(f"step exceeded its timeout of {step.timeout} s"), "timeout"
+    return decide_failure(
+        step, error, retry=handler.retry, no_retry=handler.no_retry, error_kind=kind
+    )
+
+
+def run_sync_handler(
+    handler: Handler, held: Held, tx: CompletionTx
+) -> StepOutcome | Advanced | None:
+    """In a handler thread: run a plain ``def`` handler; complete the step inside its
+    completion transaction when the handler opened one.
+
+    Returns the :class:`StepOutcome` for the worker to record, the ``Advanced`` of a
+    completion committed in the transaction, or ``None`` when there is nothing to
+    record (a stale completion, a transaction the engine ended).
+    """
+    step, ctx = held.step, held.ctx
+    held.in_handler = True
+    try:
+        try:
+            if step.input_error is not None:
+                raise Discard(step.input_error)
+            value = handler.fn(ctx, handler.codec.decode(step.input))
+        except Exception as exc:
+            outcome = decide_outcome(handler, step, error=exc, not_held=held.gone or ctx.cancelled)
+        else:
+            outcome = decide_outcome(handler, step, value=value)
+        finally:
+            held.in_handler = False
+            held.completing = True
+        if outcome.failure is not None or not tx.opened:
+            return None if outcome.dropped else outcome
+        if held.gone or ctx.cancelled:
+            return None
+        assert tx.sync_conn is not None
+        try:
+            stmts = complete_stmts([(step, outcome.output)])
+            advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False)[1:])
+            if step.id not in advanced.done:
+                log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+                return None
+            tx.close_sync(commit=True)
+        except StepInterrupted:  # the engine ended the transaction: nothing committed
+            log.info("step %d (%s): timed out before its commit", step.id, step.kind)
+            return None
+        except Exception as exc:
+            log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
+            return decide_outcome(handler, step, error=exc)
+        return advanced
+    finally:
+        tx.close_sync(commit=False)  # whatever happened: never leak a slot
