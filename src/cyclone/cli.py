@@ -299,24 +299,32 @@ def steps(
     _listing(found, as_json, render.steps_table, "no steps")
 
 
-@main.command()
-@connection_options
-@json_option
-def queues(dsn: str, schema: str, as_json: bool) -> None:
-    """Unfinished work per queue: available, running, waiting, oldest age, expired leases."""
-    with _database(dsn, schema) as db:
-        stats = db.read(monitor.queue_stats_sync)
-    _listing(stats, as_json, render.queues_table, "no unfinished steps in any queue")
+def _stats_command(name: str, doc: str, read: Callable[[Any], Any], table: Any, empty: str) -> None:
+    """Register ``cyclone NAME [--json]``: ``read`` on a connection, shown by ``table``."""
+
+    @main.command(name, help=doc)
+    @connection_options
+    @json_option
+    def command(dsn: str, schema: str, as_json: bool) -> None:
+        with _database(dsn, schema) as db:
+            stats = db.read(read)
+        _listing(stats, as_json, table, empty)
 
 
-@main.command()
-@connection_options
-@json_option
-def kinds(dsn: str, schema: str, as_json: bool) -> None:
-    """Steps per kind and state, oldest available age, expired leases."""
-    with _database(dsn, schema) as db:
-        stats = db.read(monitor.kind_stats_sync)
-    _listing(stats, as_json, render.kinds_table, "no steps")
+_stats_command(
+    "queues",
+    "Unfinished work per queue: available, running, waiting, oldest age, expired leases.",
+    monitor.queue_stats_sync,
+    render.queues_table,
+    "no unfinished steps in any queue",
+)
+_stats_command(
+    "kinds",
+    "Steps per kind and state, oldest available age, expired leases.",
+    monitor.kind_stats_sync,
+    render.kinds_table,
+    "no steps",
+)
 
 
 @main.command()

@@ -37,8 +37,8 @@ from cyclone.calls.schedules import ScheduleCalls
 from cyclone.config import ClientConfig
 from cyclone.connections import (
     DEFAULT_TCP_USER_TIMEOUT,
-    ConnectionSettings,
     borrow_async,
+    client_connections,
     connect_failure,
 )
 from cyclone.engine import LEASE_CONNECTIONS, Engine, EngineSettings
@@ -166,20 +166,10 @@ class Client(ProducerCalls, RunCalls, ScheduleCalls):
             retention=retention,
             notify=notify,
         )
-        if isinstance(conninfo, AsyncConnectionPool):
-            self._user_pool: AsyncConnectionPool[Any] | None = conninfo
-            base = conninfo.conninfo
-            if not isinstance(base, str):
-                raise ValidationError("a pool passed to Client needs a conninfo string")
-        elif isinstance(conninfo, str):
-            self._user_pool = None
-            base = conninfo
-        else:
-            raise ValidationError(
-                f"conninfo must be a string or an AsyncConnectionPool, got {conninfo!r}"
-            )
-        self.settings = ConnectionSettings.from_options(
-            base,
+        self._user_pool, base, self.settings = client_connections(
+            conninfo,
+            AsyncConnectionPool,
+            "Client",
             schema=schema,
             pooler=pooler,
             connect_timeout=connect_timeout,

@@ -30,7 +30,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -54,6 +54,7 @@ __all__ = [
     "borrow_async",
     "borrow_sync",
     "check_schema_name",
+    "client_connections",
     "connect_failure",
     "engine_conninfo",
     "keepalive_params",
@@ -383,3 +384,45 @@ def connect_failure(exc: psycopg.OperationalError) -> DatabaseUnavailable:
     if isinstance(exc, DatabaseUnavailable):
         return exc
     return DatabaseUnavailable(f"cannot connect to the database: {_reason(exc)}")
+
+
+P = TypeVar("P", AsyncConnectionPool[Any], ConnectionPool[Any])
+
+
+def client_connections(
+    conninfo: object,
+    pool_type: type[P],
+    client: str,
+    *,
+    schema: str,
+    pooler: str | None,
+    connect_timeout: Duration,
+    tcp_user_timeout: Duration | None,
+) -> tuple[P | None, str, ConnectionSettings]:
+    """What a client was given to connect with: the pool passed in (``None`` for a
+    connection string), the connection string, and the settings of every connection
+    the client opens (:meth:`ConnectionSettings.from_options`).
+
+    Raises:
+        ValidationError: ``conninfo`` is neither a string nor a pool of ``pool_type``,
+            a pool without a conninfo string, or a bad option.
+    """
+    pool: P | None = None
+    if isinstance(conninfo, pool_type):
+        pool, base = conninfo, conninfo.conninfo
+        if not isinstance(base, str):
+            raise ValidationError(f"a pool passed to {client} needs a conninfo string")
+    elif isinstance(conninfo, str):
+        base = conninfo
+    else:
+        name = pool_type.__name__
+        article = "an" if name[0] in "AEIOU" else "a"
+        raise ValidationError(f"conninfo must be a string or {article} {name}, got {conninfo!r}")
+    settings = ConnectionSettings.from_options(
+        base,
+        schema=schema,
+        pooler=pooler,
+        connect_timeout=connect_timeout,
+        tcp_user_timeout=tcp_user_timeout,
+    )
+    return pool, base, settings

@@ -83,6 +83,12 @@ TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
 """States in which a run is finished (``finished_at`` set)."""
 
 S = StepState
+_CANCEL = "cancel of the run (or of its parent)"
+_RETRY = (
+    "operator retry: the steps it resets (graph_restore then reaches those with no "
+    "unmet dependency)"
+)
+
 STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.PENDING, S.AVAILABLE): (
         "DAG advance: its last parent completed (completion transaction); graph_restore "
@@ -113,14 +119,8 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
         "those with no unmet dependency)"
     ),
     (S.PAUSED, S.DISCARDED): "an item of a paused run's fan-out node discarded",
-    (S.DISCARDED, S.PENDING): (
-        "operator retry: the steps it resets (graph_restore then reaches those with no "
-        "unmet dependency)"
-    ),
-    (S.CANCELLED, S.PENDING): (
-        "operator retry: the steps it resets (graph_restore then reaches those with no "
-        "unmet dependency)"
-    ),
+    (S.DISCARDED, S.PENDING): _RETRY,
+    (S.CANCELLED, S.PENDING): _RETRY,
     (S.AVAILABLE, S.RUNNING): "claim (worker)",
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
@@ -132,15 +132,13 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.RUNNING, S.DISCARDED): (
         "last attempt failed or Discard raised (worker); reclaim limit (sweep)"
     ),
-    (S.RUNNING, S.CANCELLED): "cancel of the run (or of its parent), or fail-fast of its run",
-    (S.AVAILABLE, S.CANCELLED): "cancel of the run (or of its parent), or fail-fast of its run",
-    (S.PENDING, S.CANCELLED): (
-        "cancel of the run (or of its parent) or fail-fast; cancel_branch below a discard"
-    ),
-    (S.PAUSED, S.CANCELLED): "cancel of the run (or of its parent)",
-    (S.WAITING_SIGNAL, S.CANCELLED): "cancel of the run (or of its parent)",
-    (S.WAITING_TIMER, S.CANCELLED): "cancel of the run (or of its parent)",
-    (S.WAITING_CHILD, S.CANCELLED): "cancel of the run (or of its parent)",
+    (S.RUNNING, S.CANCELLED): f"{_CANCEL}, or fail-fast of its run",
+    (S.AVAILABLE, S.CANCELLED): f"{_CANCEL}, or fail-fast of its run",
+    (S.PENDING, S.CANCELLED): (f"{_CANCEL} or fail-fast; cancel_branch below a discard"),
+    **{
+        (state, S.CANCELLED): _CANCEL
+        for state in (S.PAUSED, S.WAITING_SIGNAL, S.WAITING_TIMER, S.WAITING_CHILD)
+    },
 }
 """Every legal step move, with the part of the engine that makes it."""
 

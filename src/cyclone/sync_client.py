@@ -22,12 +22,9 @@ from cyclone.calls.schedules_sync import SyncScheduleCalls
 from cyclone.config import ClientConfig
 from cyclone.connections import (
     DEFAULT_TCP_USER_TIMEOUT,
-    ConnectionSettings,
     borrow_sync,
+    client_connections,
     connect_failure,
-)
-from cyclone.errors import (
-    ValidationError,
 )
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema, migrate
@@ -92,20 +89,10 @@ class SyncClient(SyncProducerCalls, SyncRunCalls, SyncScheduleCalls):
             notify=notify,
         )
         self.poll_interval = seconds(poll_interval, "poll_interval", maximum=HOUR) or 1.0
-        if isinstance(conninfo, ConnectionPool):
-            base = conninfo.conninfo
-            if not isinstance(base, str):
-                raise ValidationError("a pool passed to SyncClient needs a conninfo string")
-            self._pool = conninfo
-            self._own_pool = False
-        elif isinstance(conninfo, str):
-            base = conninfo
-        else:
-            raise ValidationError(
-                f"conninfo must be a string or a ConnectionPool, got {conninfo!r}"
-            )
-        self.settings = ConnectionSettings.from_options(
-            base,
+        given, base, self.settings = client_connections(
+            conninfo,
+            ConnectionPool,
+            "SyncClient",
             schema=schema,
             pooler=pooler,
             connect_timeout=connect_timeout,
@@ -114,7 +101,9 @@ class SyncClient(SyncProducerCalls, SyncRunCalls, SyncScheduleCalls):
         """Conninfo, schema, pooler mode and timeouts of every connection it opens."""
         self.connect_timeout: float = self.settings.connect_timeout or 5.0
         self.tcp_user_timeout = self.settings.tcp_user_timeout
-        if isinstance(conninfo, str):
+        if given is not None:
+            self._pool, self._own_pool = given, False
+        else:
             self._pool = ConnectionPool(
                 self.settings.conninfo_for("cyclone-sync"),
                 min_size=1,

@@ -62,14 +62,7 @@ class WaitNodes:
         """
         node_id, where = self._new_id(id)
         signal = check_id(name if name is not None else node_id, f"signal name of {where}")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=check_duration(timeout, f"timeout of {where}"),
-            signal_name=signal,
-        )
+        return self._signal_wait(node_id, where, after, timeout, signal_name=signal)
 
     def wait_n(
         self,
@@ -89,15 +82,8 @@ class WaitNodes:
         node_id, where = self._new_id(id)
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 10_000:
             raise WorkflowError(f"{where}: n must be an int from 1 to 10000, got {n!r}")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=check_duration(timeout, f"timeout of {where}"),
-            signal_name=check_id(name, f"signal name of {where}"),
-            wait_count=n,
-        )
+        signal = check_id(name, f"signal name of {where}")
+        return self._signal_wait(node_id, where, after, timeout, signal_name=signal, wait_count=n)
 
     def wait_any(
         self,
@@ -119,14 +105,13 @@ class WaitNodes:
         checked = tuple(check_id(n, f"signal name of {where}") for n in names)
         if len(set(checked)) < len(checked):
             raise WorkflowError(f"{where}: names {list(checked)} repeat a name")
-        return self._wait(
-            node_id,
-            where,
-            "@signal",
-            after,
-            wait_for=check_duration(timeout, f"timeout of {where}"),
-            signal_names=checked,
-        )
+        return self._signal_wait(node_id, where, after, timeout, signal_names=checked)
+
+    def _signal_wait(
+        self, node_id: str, where: str, after: Any, timeout: Duration | None, **names: Any
+    ) -> Node:
+        wait_for = check_duration(timeout, f"timeout of {where}")
+        return self._wait(node_id, where, "@signal", after, wait_for=wait_for, **names)
 
     def _wait(self, node_id: str, where: str, kind: str, after: Any, **wait: Any) -> Node:
         after_ids = self._after(after, where)

@@ -380,6 +380,15 @@ ADDITIONS: dict[int, Addition] = {
             ),
         },
     ),
+    6: Addition(
+        views={
+            "cyclone_run_results_v1": listed(
+                "id, workflow, state, def_version, input, result, error, created_at,"
+                " updated_at, finished_at, deadline_at, paused_at, submit_key,"
+                " parent_run_id, parent_node_id"
+            )
+        }
+    ),
 }
 
 VERSIONS = [1, *ADDITIONS]

@@ -132,6 +132,20 @@ def test_a_transactional_batch_ends_with_its_commit() -> None:
         assert "pg_notify" not in query
 
 
+def test_a_block_that_extends_another_replaces_its_last_select() -> None:
+    """``-- extends: base`` takes the base statement up to its last SELECT and ends with
+    the block's own text; naming no earlier block is refused."""
+    text = (
+        "-- name: base\nWITH a AS (\n    SELECT 1 AS x\n)\nSELECT x\nFROM a;\n\n"
+        "-- name: more\n-- extends: base\n-- a comment\nSELECT x, 2 AS y\nFROM a;\n"
+    )
+    blocks = load_blocks(text)
+    assert blocks["base"] == "WITH a AS (\n    SELECT 1 AS x\n)\nSELECT x\nFROM a"
+    assert blocks["more"] == "WITH a AS (\n    SELECT 1 AS x\n)\nSELECT x, 2 AS y\nFROM a"
+    with pytest.raises(KeyError):
+        load_blocks("-- name: orphan\n-- extends: nowhere\nSELECT 1;\n")
+
+
 def test_the_woken_enqueue_is_the_enqueue_with_its_notify() -> None:
     """steps_enqueue_woken repeats steps_enqueue up to its last SELECT, so that the two
     cannot drift apart; only the wakeup is added."""

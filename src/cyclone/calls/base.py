@@ -17,10 +17,15 @@ import psycopg
 
 from cyclone.config import ClientConfig
 from cyclone.connections import ConnectionSettings
+from cyclone.errors import WaitTimeout
 from cyclone.notify import Listener, Publisher
+from cyclone.records import Run
 from cyclone.wakeups import Wakeups
 
-__all__ = ["AsyncCalls", "SyncCalls"]
+Deadline = tuple[float, float] | None
+"""A wait's limit in seconds and the clock time it ends at, or ``None``: no limit."""
+
+__all__ = ["AsyncCalls", "SyncCalls", "wait_pause"]
 
 
 class AsyncCalls:
@@ -64,3 +69,23 @@ class SyncCalls:
         def _publish(
             self, conn: psycopg.Connection[Any], queues: Iterable[str], runs: Iterable[int]
         ) -> None: ...
+
+
+def wait_pause(
+    run_id: int, current: Run | None, poll_interval: float, deadline: Deadline, now: float
+) -> float:
+    """Seconds a ``wait`` for a run not yet terminal (``current``, ``None`` when it could
+    not be read) sleeps before it reads the run again: ``poll_interval``, cut to the
+    time left before ``deadline`` (``(limit, clock time)``, or ``None``) at ``now``.
+
+    Raises:
+        WaitTimeout: the deadline has passed.
+    """
+    if deadline is None:
+        return poll_interval
+    limit, at = deadline
+    remaining = at - now
+    if remaining <= 0:
+        state = current.state.value if current else "unknown"
+        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
+    return min(poll_interval, remaining)

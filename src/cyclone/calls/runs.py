@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import psycopg
 
-from cyclone.calls.base import AsyncCalls
+from cyclone.calls.base import AsyncCalls, wait_pause
 from cyclone.config import list_runs_params
 from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
 from cyclone.dbio import (
@@ -20,7 +20,6 @@ from cyclone.dbio import (
 )
 from cyclone.errors import (
     NotFoundError,
-    WaitTimeout,
 )
 from cyclone.monitor import QueueStats, queue_stats_async
 from cyclone.options import Duration, check_text, seconds
@@ -194,7 +193,7 @@ class RunCalls(AsyncCalls):
         await self._open()
         self._ensure_listener()
         loop = asyncio.get_running_loop()
-        deadline = None if limit is None else loop.time() + limit
+        deadline = None if limit is None else (limit, loop.time() + limit)
         event = asyncio.Event()
         self._waiters.setdefault(run_id, set()).add(event)
         self._watch_runs()
@@ -208,13 +207,7 @@ class RunCalls(AsyncCalls):
                     current = None
                 if current is not None and current.terminal:
                     return current
-                pause = self.poll_interval
-                if deadline is not None:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        state = current.state.value if current else "unknown"
-                        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
-                    pause = min(pause, remaining)
+                pause = wait_pause(run_id, current, self.poll_interval, deadline, loop.time())
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await event.wait()

@@ -7,13 +7,12 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from cyclone.calls.base import SyncCalls
+from cyclone.calls.base import SyncCalls, wait_pause
 from cyclone.config import list_runs_params
 from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
 from cyclone.dbio import Plan, Stmt, fetch_dicts_sync, run_plan_sync
 from cyclone.errors import (
     NotFoundError,
-    WaitTimeout,
 )
 from cyclone.monitor import QueueStats, queue_stats_sync
 from cyclone.notify import RUN_DONE, runs_in_payload
@@ -157,7 +156,7 @@ class SyncRunCalls(SyncCalls):
         """
         run_id = run_id_of(run)
         limit = seconds(timeout, "timeout", allow_zero=True)
-        deadline = None if limit is None else time.monotonic() + limit
+        deadline = None if limit is None else (limit, time.monotonic() + limit)
         listen: psycopg.Connection[Any] | None = None
         try:
             if self.config.notify and self.settings.can_listen:
@@ -173,13 +172,7 @@ class SyncRunCalls(SyncCalls):
                     current = None
                 if current is not None and current.terminal:
                     return current
-                pause = self.poll_interval
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        state = current.state.value if current else "unknown"
-                        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
-                    pause = min(pause, remaining)
+                pause = wait_pause(run_id, current, self.poll_interval, deadline, time.monotonic())
                 if listen is None:
                     time.sleep(pause)
                     continue

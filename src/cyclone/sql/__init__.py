@@ -16,6 +16,7 @@ from typing import LiteralString
 __all__ = ["CLAIM_LIMITS", "Q", "Queries", "claim_limit", "claim_sql", "load_blocks"]
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_EXTENDS = re.compile(r"^-- extends: (\w+)\s*$", re.MULTILINE)
 _FILES = (
     "steps.sql",
     "graph.sql",
@@ -32,18 +33,33 @@ def load_blocks(text: str) -> dict[str, str]:
     """Split the text of one ``.sql`` file into ``{name: statement}``.
 
     A block runs from its ``-- name:`` line to the next one; comment lines and
-    surrounding blank lines are kept out of the statement text.
+    surrounding blank lines are kept out of the statement text. A block with an
+    ``-- extends: <base>`` line (a block earlier in the file) is the base statement with
+    its last ``SELECT`` (from the last line that starts with ``SELECT``) replaced by the
+    block's own text: a statement that differs from another only in what it returns.
+
+    Raises:
+        KeyError: an ``extends`` line names no earlier block.
     """
     blocks: dict[str, str] = {}
     marks = list(_NAME.finditer(text))
     for mark, following in zip(marks, [*marks[1:], None], strict=True):
         end = following.start() if following else len(text)
-        body = "\n".join(
-            line
-            for line in text[mark.end() : end].splitlines()
-            if line.strip() and not line.lstrip().startswith("--")
+        raw = text[mark.end() : end]
+        body = (
+            "\n".join(
+                line
+                for line in raw.splitlines()
+                if line.strip() and not line.lstrip().startswith("--")
+            )
+            .rstrip()
+            .rstrip(";")
         )
-        blocks[mark.group(1)] = body.rstrip().rstrip(";")
+        base = _EXTENDS.search(raw)
+        if base is not None:
+            head = blocks[base.group(1)]
+            body = head[: head.rindex("\nSELECT ") + 1] + body
+        blocks[mark.group(1)] = body
     return blocks
 
 

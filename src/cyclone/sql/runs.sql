@@ -186,51 +186,22 @@ ORDER BY c.id;
 
 
 -- name: runs_get
--- One run with its result (the output of result_node once completed) and its error
--- (once failed: "result node cancelled" when a contained failure cancelled the result
--- node, else the first discarded step's error).
-SELECT r.id, r.workflow, r.state, r.def_version, r.input,
-       CASE WHEN r.state = 'completed' THEN (
-           SELECT s.output FROM cyclone_steps s
-           WHERE s.run_id = r.id AND s.node = r.result_node) END AS result,
-       CASE WHEN r.state = 'failed' THEN coalesce(
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.node = r.result_node
-              AND s.error_kind = 'result_node_cancelled'),
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1),
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
-       r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
-       r.submit_key, r.parent_run_id, r.parent_node_id
-FROM cyclone_runs r
-WHERE r.id = %(run_id)s;
+-- One run with its result and error (cyclone_run_results_v1, migration 6).
+SELECT *
+FROM cyclone_run_results_v1
+WHERE id = %(run_id)s;
 
 
 -- name: runs_list
--- Runs, newest first, optionally filtered by state and workflow (idx_runs_state_id),
--- with keyset paging below %(before_id)s.
-SELECT r.id, r.workflow, r.state, r.def_version, r.input,
-       CASE WHEN r.state = 'completed' THEN (
-           SELECT s.output FROM cyclone_steps s
-           WHERE s.run_id = r.id AND s.node = r.result_node) END AS result,
-       CASE WHEN r.state = 'failed' THEN coalesce(
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.node = r.result_node
-              AND s.error_kind = 'result_node_cancelled'),
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.error_kind = 'deadline' LIMIT 1),
-           (SELECT s.error FROM cyclone_steps s
-            WHERE s.run_id = r.id AND s.state = 'discarded'
-            ORDER BY s.completed_at, s.id LIMIT 1)) END AS error,
-       r.created_at, r.updated_at, r.finished_at, r.deadline_at, r.paused_at,
-       r.submit_key, r.parent_run_id, r.parent_node_id
-FROM cyclone_runs r
-WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
-  AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
-  AND (%(before_id)s::bigint IS NULL OR r.id < %(before_id)s::bigint)
-ORDER BY r.id DESC
+-- Runs with their results and errors (cyclone_run_results_v1), newest first, optionally
+-- filtered by state and workflow (idx_runs_state_id), with keyset paging below
+-- %(before_id)s.
+SELECT *
+FROM cyclone_run_results_v1
+WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(before_id)s::bigint IS NULL OR id < %(before_id)s::bigint)
+ORDER BY id DESC
 LIMIT %(limit)s;
 
 

@@ -57,38 +57,15 @@ FROM step;
 
 
 -- name: steps_enqueue_woken
--- steps_enqueue (the same text up to its last SELECT), which also notifies the step's
--- queue with the payload %(wake)s when a step is written: the notification goes out when
--- the statement's transaction commits, so an enqueue at the leading edge of its queue's
--- wakeup window is one statement and one round trip, wakeup included. Skipped while
--- the server's notification queue is over half full ("woke" false). A role that may not
--- execute pg_notify cannot run this statement at all (the privilege is checked before
--- anything runs): the client then uses steps_enqueue and the publisher.
-WITH new_run AS (
-    SELECT nextval('cyclone_runs_id_seq') AS id
-), step AS (
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-        timeout, unique_key, sequence_key, retention)
-    SELECT new_run.id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
-           %(max_attempts)s,
-           coalesce(%(scheduled_at)s::timestamptz,
-                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
-           %(timeout_us)s::bigint * interval '1 microsecond',
-           %(unique_key)s, %(sequence_key)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
-    FROM new_run
-    ON CONFLICT (kind, unique_key)
-        WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled')
-        DO NOTHING
-    RETURNING id, run_id
-), run AS (
-    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, retention)
-    OVERRIDING SYSTEM VALUE
-    SELECT step.run_id, %(kind)s, 'job', %(input)s::jsonb, %(kind)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
-    FROM step
-)
+-- extends: steps_enqueue
+-- steps_enqueue with another last SELECT (the loader writes the rest from it), which also
+-- notifies the step's queue with the payload %(wake)s when a step is written: the
+-- notification goes out when the statement's transaction commits, so an enqueue at the
+-- leading edge of its queue's wakeup window is one statement and one round trip,
+-- wakeup included. Skipped while the server's notification queue is over half full
+-- ("woke" false). A role that may not execute pg_notify cannot run this statement at
+-- all (the privilege is checked before anything runs): the client then uses
+-- steps_enqueue and the publisher.
 SELECT step.id AS step_id, step.run_id,
        (SELECT pg_notify('cyclone_available', %(wake)s::text)
         WHERE pg_notification_queue_usage() < 0.5) IS NOT NULL AS woke
