@@ -60,6 +60,7 @@ def squares(max_parallel: int, max_bytes: int = 0) -> cyclone.Workflow:
     return wf
 
 
+@pytest.mark.slow  # a thousand items through two clients: the full tier's
 async def test_thousand_items_never_more_than_max_parallel_outputs_in_order(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
