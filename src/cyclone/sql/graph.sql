@@ -193,7 +193,7 @@ SELECT NULL::bigint AS id, %(run_id)s::bigint AS run_id, false AS run_finished,
 
 
 -- name: graph_resolve_discard
--- engine-design, Failure Propagation: resolve the run of the step %(step_id)s just
+-- Failure propagation: resolve the run of the step %(step_id)s just
 -- discarded, under the run row lock of the discard transaction. The discard is fatal
 -- when the step has no dependents (a leaf: every standalone job) or when any node of
 -- its downstream closure declares fail_run (the default): the run becomes failed, at
