@@ -199,6 +199,7 @@ class EnqueueRequest:
             "scheduled_at": at,
             "delay_us": micros(delay),
             "timeout_us": micros(options.timeout),
+            "unique_key": unique_key,
             "sequence_key": sequence_key,
             "retention_us": micros(keep),
         }
@@ -209,7 +210,6 @@ class EnqueueRequest:
             params["inputs"] = encoded
         else:
             params["input"] = encoded
-            params["unique_key"] = unique_key
         return cls(
             kind=kind,
             queue=options.queue,

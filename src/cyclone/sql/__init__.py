@@ -10,14 +10,25 @@ that the declared names and the files agree.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from importlib import resources
 from typing import LiteralString
 
-__all__ = ["CLAIM_LIMITS", "Q", "Queries", "claim_limit", "claim_sql", "load_blocks"]
+__all__ = [
+    "CLAIM_LIMITS",
+    "Q",
+    "Queries",
+    "claim_limit",
+    "claim_sql",
+    "load_blocks",
+    "load_fragments",
+]
 
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_MARK = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.MULTILINE)
 _EXTENDS = re.compile(r"^-- extends: (\w+)\s*$", re.MULTILINE)
+_USE = re.compile(r"^([ \t]*)-- use: (\w+)[ \t]*$", re.MULTILINE)
 _FILES = (
+    "fragments.sql",
     "steps.sql",
     "graph.sql",
     "runs.sql",
@@ -29,38 +40,88 @@ _FILES = (
 )
 
 
-def load_blocks(text: str) -> dict[str, str]:
+def _statement(raw: str) -> str:
+    """A block's text without its comment lines, blank lines and final semicolon."""
+    return (
+        "\n".join(
+            line for line in raw.splitlines() if line.strip() and not line.lstrip().startswith("--")
+        )
+        .rstrip()
+        .rstrip(";")
+    )
+
+
+def _marked(text: str) -> list[tuple[str, str, str]]:
+    """The blocks of ``text`` in order: ``(kind, name, raw text)``, kind ``name`` or
+    ``fragment``."""
+    marks = list(_MARK.finditer(text))
+    ends = [m.start() for m in marks[1:]] + [len(text)]
+    return [
+        (m.group(1), m.group(2), text[m.end() : end]) for m, end in zip(marks, ends, strict=False)
+    ]
+
+
+def _expand(raw: str, fragments: Mapping[str, str]) -> str:
+    """``raw`` with each ``-- use: <fragment>`` line replaced by the fragment's text,
+    every line of it indented as the ``use`` line is."""
+
+    def use(match: re.Match[str]) -> str:
+        indent, name = match.group(1), match.group(2)
+        if name not in fragments:
+            raise KeyError(f"SQL fragment {name!r} is used but never defined")
+        return "\n".join(indent + line for line in fragments[name].splitlines())
+
+    return _USE.sub(use, raw)
+
+
+def load_blocks(text: str, fragments: Mapping[str, str] | None = None) -> dict[str, str]:
     """Split the text of one ``.sql`` file into ``{name: statement}``.
 
-    A block runs from its ``-- name:`` line to the next one; comment lines and
-    surrounding blank lines are kept out of the statement text. A block with an
-    ``-- extends: <base>`` line (a block earlier in the file) is the base statement with
-    its last ``SELECT`` (from the last line that starts with ``SELECT``) replaced by the
-    block's own text: a statement that differs from another only in what it returns.
+    A block runs from its ``-- name:`` line to the next ``-- name:`` or ``-- fragment:``
+    line; comment lines and surrounding blank lines are kept out of the statement text.
+
+    - A ``-- fragment: <name>`` block is a piece of SQL shared by several statements
+      (a CTE, a guard, a column list), written once: a statement line
+      ``-- use: <name>`` stands for it, indented as that line is. Fragments come from
+      ``fragments`` (those of other files) and from this text; a fragment may use
+      another defined before it. Fragments are not statements and are not returned.
+    - A block with an ``-- extends: <base>`` line (a block earlier in the file) is the
+      base statement with its last ``SELECT`` (from the last line that starts with
+      ``SELECT``) replaced by the block's own text: a statement that differs from
+      another only in what it returns.
 
     Raises:
-        KeyError: an ``extends`` line names no earlier block.
+        KeyError: an ``extends`` line names no earlier block, or a ``use`` line names no
+            fragment.
     """
+    known = dict(fragments or {})
     blocks: dict[str, str] = {}
-    marks = list(_NAME.finditer(text))
-    for mark, following in zip(marks, [*marks[1:], None], strict=True):
-        end = following.start() if following else len(text)
-        raw = text[mark.end() : end]
-        body = (
-            "\n".join(
-                line
-                for line in raw.splitlines()
-                if line.strip() and not line.lstrip().startswith("--")
-            )
-            .rstrip()
-            .rstrip(";")
-        )
+    for kind, name, text_of in _marked(text):
+        raw = _expand(text_of, known)
+        if kind == "fragment":
+            known[name] = _statement(raw)
+            continue
+        body = _statement(raw)
         base = _EXTENDS.search(raw)
         if base is not None:
             head = blocks[base.group(1)]
             body = head[: head.rindex("\nSELECT ") + 1] + body
-        blocks[mark.group(1)] = body
+        blocks[name] = body
     return blocks
+
+
+def load_fragments(text: str, fragments: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``-- fragment:`` blocks of one ``.sql`` file, ``{name: text}``, added to
+    ``fragments`` (a fragment here may use those).
+
+    Raises:
+        KeyError: a ``use`` line names no fragment defined before it.
+    """
+    known = dict(fragments or {})
+    for kind, name, raw in _marked(text):
+        if kind == "fragment":
+            known[name] = _statement(_expand(raw, known))
+    return known
 
 
 class Queries:
@@ -162,10 +223,16 @@ class Queries:
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)
+        texts = [
+            resources.files(__package__).joinpath(filename).read_text("utf-8")
+            for filename in _FILES
+        ]
+        fragments: dict[str, str] = {}
+        for text in texts:
+            fragments = load_fragments(text, fragments)
         found: dict[str, str] = {}
-        for filename in _FILES:
-            text = resources.files(__package__).joinpath(filename).read_text("utf-8")
-            found.update(load_blocks(text))
+        for text in texts:
+            found.update(load_blocks(text, fragments))
         if set(found) != declared:
             missing = sorted(declared - set(found))
             extra = sorted(set(found) - declared)

@@ -21,6 +21,25 @@
 -- statement to this.
 
 
+-- fragment: job_step_insert
+-- The insert of a standalone run's one step (a job): its columns.
+INSERT INTO cyclone_steps (
+    run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
+    timeout, unique_key, sequence_key, retention)
+
+
+-- fragment: job_step_values
+-- The values of job_step_insert after the run id: the enqueue's options, durations in
+-- microseconds, the due time the database clock computes from %(delay_us)s unless
+-- %(scheduled_at)s names one.
+%(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s, %(max_attempts)s,
+coalesce(%(scheduled_at)s::timestamptz,
+         now() + %(delay_us)s::bigint * interval '1 microsecond'),
+%(timeout_us)s::bigint * interval '1 microsecond',
+%(unique_key)s, %(sequence_key)s,
+%(retention_us)s::bigint * interval '1 microsecond'
+
+
 -- name: steps_enqueue
 -- A standalone run and its one step, in one statement. The step is inserted first so
 -- that its ON CONFLICT on idx_steps_unique_active decides whether anything is written:
@@ -30,16 +49,9 @@
 WITH new_run AS (
     SELECT nextval('cyclone_runs_id_seq') AS id
 ), step AS (
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-        timeout, unique_key, sequence_key, retention)
-    SELECT new_run.id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
-           %(max_attempts)s,
-           coalesce(%(scheduled_at)s::timestamptz,
-                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
-           %(timeout_us)s::bigint * interval '1 microsecond',
-           %(unique_key)s, %(sequence_key)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
+    -- use: job_step_insert
+    SELECT new_run.id,
+           -- use: job_step_values
     FROM new_run
     ON CONFLICT (kind, unique_key)
         WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled')
@@ -97,16 +109,9 @@ WITH v AS (
            %(retention_us)s::bigint * interval '1 microsecond'
     FROM v
 ), step AS (
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-        timeout, sequence_key, retention)
-    SELECT v.run_id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
-           %(max_attempts)s,
-           coalesce(%(scheduled_at)s::timestamptz,
-                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
-           %(timeout_us)s::bigint * interval '1 microsecond',
-           %(sequence_key)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
+    -- use: job_step_insert
+    SELECT v.run_id,
+           -- use: job_step_values
     FROM v
     RETURNING id, run_id
 )
@@ -140,16 +145,9 @@ WITH v AS (
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
     RETURNING id
 ), step AS (
-    INSERT INTO cyclone_steps (
-        run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-        timeout, sequence_key, retention)
-    SELECT v.run_id, %(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s,
-           %(max_attempts)s,
-           coalesce(%(scheduled_at)s::timestamptz,
-                    now() + %(delay_us)s::bigint * interval '1 microsecond'),
-           %(timeout_us)s::bigint * interval '1 microsecond',
-           %(sequence_key)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
+    -- use: job_step_insert
+    SELECT v.run_id,
+           -- use: job_step_values
     FROM v
     JOIN run ON run.id = v.run_id
     ORDER BY v.ord

@@ -1,0 +1,3 @@
+-- Pieces of SQL that several statements share, each written once. A statement names
+-- one with a line "-- use: <fragment>" (see cyclone.sql.load_blocks); the text stands
+-- there, indented as that line is. Fragments in other files serve that file only.
