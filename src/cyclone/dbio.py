@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
-from psycopg.pq import TransactionStatus
+from psycopg.pq import ExecStatus, TransactionStatus
 from psycopg.rows import RowMaker, tuple_row
 
 from cyclone.sql import Query
@@ -114,15 +114,35 @@ class Results:
 
 
 def _row_factory(query: Query[R]) -> Callable[[Any], RowMaker[R]]:
-    """The psycopg row factory of ``query``'s rows (see :class:`cyclone.sql.Query`).
+    """The psycopg row factory of ``query``'s rows (see :class:`cyclone.sql.Query`), made
+    once per statement: the first result with rows checks the statement's columns
+    against its row type, and every later one takes the same row maker without looking
+    at the columns again (they cannot change: the text is fixed).
 
-    Raises (when the result arrives):
+    Raises (when a result arrives):
         RuntimeError: the statement's columns are not the fields of its row type.
     """
+    factory = _FACTORIES.get(query)
+    if factory is None:
+        factory = _FACTORIES[query] = _checked_factory(query)
+    return factory
+
+
+_FACTORIES: dict[Query[Any], Callable[[Any], RowMaker[Any]]] = {}
+"""The row factory of each statement run so far (the statements are a fixed set)."""
+
+
+def _checked_factory(query: Query[R]) -> Callable[[Any], RowMaker[R]]:
+    row: Any = query.row
+    made: list[RowMaker[R]] = []
 
     def factory(cursor: Any) -> RowMaker[R]:
-        names = tuple(column.name for column in cursor.description or ())
-        row: Any = query.row
+        if made:
+            return made[0]
+        res = cursor.pgresult
+        if row is type(None) or res is None or res.status != TUPLES_OK:
+            return _no_row  # nothing of it is read
+        names = tuple(column.name for column in cursor.description)
         fields = getattr(row, "_fields", None)
         if fields is not None:
             if names != fields:
@@ -130,12 +150,12 @@ def _row_factory(query: Query[R]) -> Callable[[Any], RowMaker[R]]:
                     f"{query.name} returns the columns {names}, "
                     f"its row type {row.__name__} has the fields {fields}"
                 )
-            make: RowMaker[R] = row._make
-            return make
-        if row is type(None):
-            return _no_row
-        from_row = row.from_row
-        return lambda values: from_row(dict(zip(names, values, strict=True)))
+            maker: RowMaker[R] = row._make
+        else:
+            from_row = row.from_row
+            maker = lambda values: from_row(dict(zip(names, values, strict=True)))  # noqa: E731
+        made.append(maker)
+        return maker
 
     return factory
 
@@ -143,6 +163,8 @@ def _row_factory(query: Query[R]) -> Callable[[Any], RowMaker[R]]:
 def _no_row(values: Sequence[Any]) -> Any:
     return None
 
+
+TUPLES_OK = ExecStatus.TUPLES_OK
 
 _BEGIN_STMT = Stmt(Query.plain("BEGIN ISOLATION LEVEL READ COMMITTED"))
 """Engine transactions are READ COMMITTED whatever the server's default: the DAG advance
@@ -206,23 +228,25 @@ async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt[R]) -> list
     """
     if conn in _PINNED:
         return (await batch_async(conn, [stmt], transaction=False)).of(stmt.query)
-    async with conn.cursor(row_factory=_row_factory(stmt.query)) as cur:
-        await cur.execute(stmt.sql, stmt.params)
-        return await cur.fetchall() if _read(cur, stmt) else []
+    cur = conn.cursor(row_factory=_row_factory(stmt.query))
+    await cur.execute(stmt.sql, stmt.params)
+    return await cur.fetchall() if _read(cur, stmt) else []
 
 
 def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt[R]) -> list[R]:
     """The synchronous twin of :func:`fetch_async`."""
     if conn in _PINNED:
         return batch_sync(conn, [stmt], transaction=False).of(stmt.query)
-    with conn.cursor(row_factory=_row_factory(stmt.query)) as cur:
-        cur.execute(stmt.sql, stmt.params)
-        return cur.fetchall() if _read(cur, stmt) else []
+    cur = conn.cursor(row_factory=_row_factory(stmt.query))
+    cur.execute(stmt.sql, stmt.params)
+    return cur.fetchall() if _read(cur, stmt) else []
 
 
 def _read(cur: Any, stmt: Stmt[Any]) -> bool:
-    """Whether the current result of ``cur`` holds rows to read for ``stmt``."""
-    return cur.description is not None and stmt.query.row is not type(None)
+    """Whether the current result of ``cur`` holds rows to read for ``stmt`` (its status,
+    not its description: that builds a column object per column at each call)."""
+    res = cur.pgresult
+    return res is not None and res.status == TUPLES_OK and stmt.query.row is not type(None)
 
 
 def int_array(values: Iterable[int], *, keep_order: bool = False) -> str:

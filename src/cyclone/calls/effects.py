@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass, field
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import psycopg
@@ -170,6 +171,16 @@ class twin(Generic[P, T]):
         self.__name__ = fn.__name__
         self.__wrapped__ = fn
 
+        async def call_async(client: Any, *args: Any, **kwargs: Any) -> Any:
+            return await client._perform(fn(client, *args, **kwargs))
+
+        def call_sync(client: Any, *args: Any, **kwargs: Any) -> Any:
+            return client._perform(fn(client, *args, **kwargs))
+
+        # made once: reading the call on a client only binds one of them
+        self._async = functools.update_wrapper(call_async, fn)
+        self._sync = functools.update_wrapper(call_sync, fn)
+
     @overload
     def __get__(self, obj: None, owner: type[Any]) -> Self: ...
 
@@ -184,17 +195,4 @@ class twin(Generic[P, T]):
     def __get__(self, obj: Any, owner: type[Any]) -> Any:
         if obj is None:
             return self
-        fn = self.fn
-        if isinstance(obj, AsyncShellBase):
-
-            @functools.wraps(fn)
-            async def call_async(*args: Any, **kwargs: Any) -> Any:
-                return await obj._perform(fn(obj, *args, **kwargs))
-
-            return call_async
-
-        @functools.wraps(fn)
-        def call_sync(*args: Any, **kwargs: Any) -> Any:
-            return obj._perform(fn(obj, *args, **kwargs))
-
-        return call_sync
+        return MethodType(self._async if isinstance(obj, AsyncShellBase) else self._sync, obj)
