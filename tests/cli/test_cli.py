@@ -9,9 +9,12 @@ import sys
 from typing import Any
 
 import psycopg
+import pytest
 
 import cyclone
 from tests.helpers import ROOT, kill, poll_until, scalar, start_worker, worker_log
+
+pytestmark = pytest.mark.slow  # each test runs the `cyclone` command in a process
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,9 +12,12 @@ import sys
 from typing import Any
 
 import psycopg
+import pytest
 
 import cyclone
 from tests.helpers import ROOT, apoll_until, scalar
+
+pytestmark = pytest.mark.slow  # each test runs the `cyclone` command in a process
 
 
 @cyclone.step("cli_tag")

@@ -13,6 +13,8 @@ import cyclone
 from tests.cli.test_cli import run_cli
 from tests.helpers import kill, poll_until, scalar, start_worker, worker_log
 
+pytestmark = pytest.mark.slow  # each test runs the `cyclone` command in a process
+
 APP = "tests.apps.hold:client"  # serves default and c with 2 slots each, not b
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 
 from cyclone.dbio import Stmt
 from cyclone.graph import Completion, advance_stmts, expand_stmt
@@ -143,6 +144,7 @@ def vacuum_analyse(db: Conn) -> None:
         db.execute(f"VACUUM ANALYZE {table}")
 
 
+@pytest.mark.slow
 def test_pass_and_item_completion_cost_do_not_grow_with_the_item_count(db: Conn) -> None:
     # One run at a time, so that each measure sees one reached fan-out node (the lock
     # takes every run that has one) and statistics of a table holding its items only.

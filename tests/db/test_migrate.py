@@ -977,6 +977,7 @@ def _migrate_together(dsn: str, start: Any, results: Any, index: int) -> None:
     results.put((index, applied))
 
 
+@pytest.mark.slow
 def test_ten_processes_migrate_an_empty_database_at_once(empty_dsn: str) -> None:
     """Ten processes released together by a barrier all succeed; every version is
     applied exactly once (each file in its own locked transaction, so two processes
@@ -1081,6 +1082,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_cli_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
     """`cyclone migrate --dsn` applies every migration, then says the schema is up to
     date."""
@@ -1104,6 +1106,7 @@ def test_cli_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
     ],
     ids=["refused", "malformed"],
 )
+@pytest.mark.slow
 def test_cli_migrate_bad_dsn_fails_with_one_line(bad_dsn: str) -> None:
     """A DSN that cannot be used: non-zero exit and a one-line error, no traceback."""
     result = run_cli("migrate", "--dsn", bad_dsn)

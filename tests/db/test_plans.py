@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -18,11 +19,12 @@ from cyclone.dbio import Stmt
 from cyclone.graph import Completion, advance_stmts
 from cyclone.sql import Q
 from cyclone.transitions import claim_stmt, heartbeat_stmt
+from tests.conftest import create_database, database_dsn, drop_database
 from tests.helpers import held_step
 
 
-@pytest.fixture
-def loaded(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def _load_jobs(db: psycopg.Connection[Any]) -> None:
+    """20,000 standalone runs, most of their steps a backlog of available work."""
     db.execute(
         """
         WITH r AS (
@@ -50,7 +52,6 @@ def loaded(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     )
     db.execute("ANALYZE cyclone_steps")
     db.execute("ANALYZE cyclone_runs")
-    return db
 
 
 def plan(db: psycopg.Connection[Any], stmt: Stmt[Any]) -> str:
@@ -95,10 +96,9 @@ def test_unique_lookup_and_run_listing_use_their_indexes(loaded: psycopg.Connect
     assert "Seq Scan" not in listing
 
 
-@pytest.fixture
-def dag_loaded(loaded: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+def _load_chains(db: psycopg.Connection[Any]) -> None:
     """On top of the jobs: 1,000 workflow runs of a 20-node chain (20,000 edges)."""
-    loaded.execute(
+    db.execute(
         """
         WITH r AS (
             INSERT INTO cyclone_runs (workflow, def_version, result_node)
@@ -115,8 +115,39 @@ def dag_loaded(loaded: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
         """
     )
     for table in ("cyclone_steps", "cyclone_runs", "cyclone_deps"):
-        loaded.execute(f"ANALYZE {table}")
-    return loaded
+        db.execute(f"ANALYZE {table}")
+
+
+@pytest.fixture(scope="module")
+def _loaded_dbs(admin_dsn: str, template_db: str) -> Iterator[dict[str, str]]:
+    """Two databases cloned from the template, loaded once for the module (its tests
+    only EXPLAIN, in transactions rolled back): ``jobs`` (the jobs) and ``dag`` (the
+    jobs and the chains)."""
+    names = {kind: create_database(admin_dsn, template=template_db) for kind in ("jobs", "dag")}
+    try:
+        for kind, name in names.items():
+            with psycopg.connect(database_dsn(admin_dsn, name), autocommit=True) as conn:
+                _load_jobs(conn)
+                if kind == "dag":
+                    _load_chains(conn)
+        yield {kind: database_dsn(admin_dsn, name) for kind, name in names.items()}
+    finally:
+        for name in names.values():
+            drop_database(admin_dsn, name)
+
+
+@pytest.fixture
+def loaded(_loaded_dbs: dict[str, str]) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the database of 20,000 analysed standalone runs."""
+    with psycopg.connect(_loaded_dbs["jobs"], autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
+def dag_loaded(_loaded_dbs: dict[str, str]) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the database of the jobs and 1,000 chains of 20 nodes."""
+    with psycopg.connect(_loaded_dbs["dag"], autocommit=True) as conn:
+        yield conn
 
 
 def _first_workflow_step(db: psycopg.Connection[Any]) -> tuple[int, int]:

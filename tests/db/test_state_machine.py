@@ -979,8 +979,13 @@ def conns(dsn: str) -> Iterator[dict[str, psycopg.Connection[Any]]]:
             conn.close()
 
 
-def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]]) -> None:
-    """No interleaving of step transitions reaches a state the spec forbids."""
+@pytest.mark.parametrize(
+    "examples",
+    [pytest.param(20, id="quick"), pytest.param(100, id="full", marks=pytest.mark.slow)],
+)
+def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]], examples: int) -> None:
+    """No interleaving of step transitions reaches a state the spec forbids (a quick
+    search in the fast tier, the full one in the full suite)."""
 
     class BoundStepMachine(StepMachine):
         """:class:`StepMachine` on this test's connections (hypothesis makes it with no
@@ -989,7 +994,7 @@ def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]]) -> None:
         def __init__(self) -> None:
             super().__init__(conns)
 
-    run_state_machine_as_test(BoundStepMachine, settings=SETTINGS)
+    run_state_machine_as_test(BoundStepMachine, settings=settings(SETTINGS, max_examples=examples))
 
 
 @pytest.mark.parametrize("trigger", ["retry", "reclaim"])

@@ -127,6 +127,7 @@ async def test_five_clients_fire_each_slot_exactly_once(
             await c.stop()
 
 
+@pytest.mark.slow
 async def test_five_started_clients_on_a_per_second_schedule(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
