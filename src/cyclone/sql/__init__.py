@@ -37,6 +37,7 @@ _FILES = (
     "notify.sql",
     "migrate.sql",
     "monitor.sql",
+    "dashboard.sql",
 )
 
 
@@ -220,6 +221,29 @@ class Queries:
     monitor_kinds: LiteralString
     monitor_steps: LiteralString
     monitor_run_deps: LiteralString
+    # dashboard.sql
+    dashboard_queue_stats: LiteralString
+    dashboard_active_runs: LiteralString
+    dashboard_throughput: LiteralString
+    dashboard_statement_timeout: LiteralString
+    dashboard_now: LiteralString
+    dashboard_unserved_kinds: LiteralString
+    dashboard_recent_failures: LiteralString
+    dashboard_runs: LiteralString
+    dashboard_run: LiteralString
+    dashboard_run_steps: LiteralString
+    dashboard_run_items: LiteralString
+    dashboard_run_deps: LiteralString
+    dashboard_run_children: LiteralString
+    dashboard_run_signals: LiteralString
+    dashboard_run_states: LiteralString
+    dashboard_step: LiteralString
+    dashboard_step_value: LiteralString
+    dashboard_run_items_page: LiteralString
+    dashboard_kinds: LiteralString
+    dashboard_kinds_finished: LiteralString
+    dashboard_workers: LiteralString
+    dashboard_schedules: LiteralString
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)
