@@ -401,7 +401,7 @@ ADDITIONS: dict[int, Addition] = {
             "idx_runs_submit_key_any": Index(
                 RUNS, ("submit_key",), pred_has=("submit_key IS NOT NULL",)
             ),
-            "idx_runs_created_brin": Index(RUNS, ("created_at",), partial=False),
+            "idx_runs_created": Index(RUNS, ("created_at", "id"), partial=False),
         }
     ),
 }

@@ -67,7 +67,8 @@ class RunFilters:
     Attributes:
         state: a run state.
         workflow: a workflow name (or the kind of a job).
-        since, until: creation time range, ``since <= created_at < until`` (aware).
+        since, until: creation time range, ``since <= created_at < until`` (aware);
+            with either, the page is in creation order (``dashboard_runs_between``).
         submit_key: runs with exactly this submit key.
         before: keyset paging: runs with a smaller id.
         limit: rows on the page, 1 to :data:`MAX_PAGE`.
@@ -213,8 +214,9 @@ class Reader:
 
     async def runs_page(self, filters: RunFilters) -> RunPage:
         """One page of runs, newest first (see :class:`RunFilters`)."""
+        ranged = filters.since is not None or filters.until is not None
         rows = await self._rows(
-            Q.dashboard_runs,
+            Q.dashboard_runs_between if ranged else Q.dashboard_runs,
             {
                 "state": filters.state,
                 "workflow": filters.workflow,

@@ -230,6 +230,7 @@ class Queries:
     dashboard_unserved_kinds: LiteralString
     dashboard_recent_failures: LiteralString
     dashboard_runs: LiteralString
+    dashboard_runs_between: LiteralString
     dashboard_run: LiteralString
     dashboard_run_steps: LiteralString
     dashboard_run_items: LiteralString

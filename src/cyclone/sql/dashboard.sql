@@ -83,8 +83,8 @@ LIMIT %(limit)s;
 -- name: dashboard_runs
 -- One page of runs, newest first, below %(before_id)s (keyset paging on the primary
 -- key), each filter applied only when given: state (idx_runs_state_id), workflow
--- (idx_runs_workflow_id), creation time range (idx_runs_created_brin), submit key
--- (idx_runs_submit_key_any). A failed run's error comes cut to %(chars)s characters.
+-- (idx_runs_workflow_id), submit key (idx_runs_submit_key_any). A failed run's error
+-- comes cut to %(chars)s characters.
 SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
        f.parent_run_id, left(f.error, %(chars)s) AS error,
        extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
@@ -92,11 +92,31 @@ SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
 FROM cyclone_run_results_v1 f
 WHERE (%(state)s::text IS NULL OR f.state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR f.workflow = %(workflow)s::text)
-  AND (%(since)s::timestamptz IS NULL OR f.created_at >= %(since)s::timestamptz)
-  AND (%(until)s::timestamptz IS NULL OR f.created_at < %(until)s::timestamptz)
   AND (%(submit_key)s::text IS NULL OR f.submit_key = %(submit_key)s::text)
   AND (%(before_id)s::bigint IS NULL OR f.id < %(before_id)s::bigint)
 ORDER BY f.id DESC
+LIMIT %(limit)s;
+
+
+-- name: dashboard_runs_between
+-- dashboard_runs for runs created from %(since)s (inclusive) to %(until)s (exclusive,
+-- either NULL: open), in creation order, newest first, on idx_runs_created (the
+-- primary key follows the creation order only roughly); the next page starts below
+-- the creation time and id of run %(before_id)s.
+SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
+       f.parent_run_id, left(f.error, %(chars)s) AS error,
+       extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
+           AS duration
+FROM cyclone_run_results_v1 f
+WHERE f.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+  AND f.created_at < coalesce(%(until)s::timestamptz, 'infinity')
+  AND (%(before_id)s::bigint IS NULL
+       OR (f.created_at, f.id) < (SELECT b.created_at, b.id FROM cyclone_runs b
+                                  WHERE b.id = %(before_id)s::bigint))
+  AND (%(state)s::text IS NULL OR f.state = %(state)s::text)
+  AND (%(workflow)s::text IS NULL OR f.workflow = %(workflow)s::text)
+  AND (%(submit_key)s::text IS NULL OR f.submit_key = %(submit_key)s::text)
+ORDER BY f.created_at DESC, f.id DESC
 LIMIT %(limit)s;
 
 
