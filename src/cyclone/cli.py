@@ -436,10 +436,10 @@ def retry(dsn: str, schema: str, run_id: int, node: str | None, deadline: float 
     "--allow-host",
     "allow_hosts",
     multiple=True,
-    help="A host name the dashboard is reached by, besides loopback and --host "
-    "(repeatable).",
+    help="A host name the dashboard is reached by, besides loopback and --host (repeatable).",
 )
 def dashboard(
+    *,
     dsn: str,
     schema: str,
     host: str,

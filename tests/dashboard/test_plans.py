@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 import pytest
-
 from bench.dashboard_data import load
+
 from cyclone.dbio import Stmt
 from cyclone.sql import Q
 

@@ -64,7 +64,7 @@ def parse_payload(text: str) -> Any:
     except json.JSONDecodeError as exc:
         raise ValidationError(
             f"payload {text[:200]!r} is not JSON: {exc.msg} at character {exc.pos + 1}"
-            " (a JSON string needs its quotes, as in \"yes\")"
+            ' (a JSON string needs its quotes, as in "yes")'
         ) from None
 
 

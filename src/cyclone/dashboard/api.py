@@ -93,7 +93,9 @@ async def act(request: Request) -> Response:
         raise HTTPException(403, "the dashboard is read-only (--read-only)")
     action = request.path_params["action"]
     if action not in actions.RUN_ACTIONS:
-        raise HTTPException(404, f"no action {action!r}; the actions are {list(actions.RUN_ACTIONS)}")
+        raise HTTPException(
+            404, f"no action {action!r}; the actions are {list(actions.RUN_ACTIONS)}"
+        )
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/json":
         raise HTTPException(415, f"the body must be application/json, got {kind or 'none'!r}")

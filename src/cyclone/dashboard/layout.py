@@ -129,9 +129,7 @@ def layout(nodes: Sequence[str], edges: Iterable[tuple[str, str]]) -> Layout:
         x1, y1 = a.x + NODE_W, a.y + NODE_H // 2
         x2, y2 = b.x, b.y + NODE_H // 2
         bend = max(24, (x2 - x1) // 2)
-        drawn.append(
-            Edge(dep, node, f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}")
-        )
+        drawn.append(Edge(dep, node, f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}"))
     width = PAD * 2 + (max(depth.values(), default=0) + 1) * (NODE_W + GAP_X) - GAP_X
     tallest = max((len(c) for c in columns.values()), default=1)
     height = PAD * 2 + tallest * (NODE_H + GAP_Y) - GAP_Y

@@ -9,8 +9,8 @@ Jinja2 template with autoescaping on.
 
 from __future__ import annotations
 
-from typing import Any
 import hmac
+from typing import Any
 from urllib.parse import quote
 
 from starlette.exceptions import HTTPException
@@ -19,7 +19,6 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import BaseRoute, Route
 
 from cyclone.dashboard import forms
-from cyclone.dashboard.rendering import render, root
 from cyclone.dashboard.queries import (
     MAX_PAGE,
     VALUE_CHARS,
@@ -27,6 +26,7 @@ from cyclone.dashboard.queries import (
     RunFilters,
     parse_time,
 )
+from cyclone.dashboard.rendering import render, root
 from cyclone.dashboard.runview import TIMELINE_W, cards, timeline
 from cyclone.dashboard.security import SESSION_COOKIE, SecurityConfig, safe_next
 from cyclone.errors import CycloneError, NotFoundError, ValidationError
@@ -34,6 +34,7 @@ from cyclone.schedules import next_slot
 from cyclone.states import RunState
 
 __all__ = ["exception_handlers", "routes"]
+
 
 def _int(request: Request, name: str, default: int | None, low: int, high: int) -> int | None:
     value = request.query_params.get(name)
@@ -279,9 +280,7 @@ async def _error_page(request: Request, exc: Exception) -> Response:
         status, message = exc.status_code, str(exc.detail)
     else:  # pragma: no cover - registered for the two types above only
         raise exc
-    if request.url.path.startswith(f"{root(request)}/api/") or request.url.path.endswith(
-        "/states"
-    ):
+    if request.url.path.startswith(f"{root(request)}/api/") or request.url.path.endswith("/states"):
         return JSONResponse({"error": message}, status_code=status)
     return render(request, "error.html", status, nav="", status=status, message=message)
 

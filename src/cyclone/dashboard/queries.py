@@ -439,7 +439,5 @@ def parse_time(value: str, name: str) -> datetime:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValidationError(
-            f"{name} must be an ISO 8601 date or time, got {value!r}"
-        ) from None
+        raise ValidationError(f"{name} must be an ISO 8601 date or time, got {value!r}") from None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)

@@ -21,15 +21,13 @@ def root(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-def render(
-    request: Request, template: str, status_code: int = 200, **context: Any
-) -> Response:
+def render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
     """``template`` rendered with ``context`` and what every page needs: the root
     path, the CSRF token of its forms, read-only mode, and a pending flash message
     (cleared by this response)."""
     security: SecurityConfig = request.app.state.security
     flash = request.cookies.get(FLASH_COOKIE)
-    page = request.app.state.templates.TemplateResponse(
+    page: Response = request.app.state.templates.TemplateResponse(
         request,
         template,
         {
@@ -46,5 +44,3 @@ def render(
     if flash:
         page.delete_cookie(FLASH_COOKIE, path=root(request) or "/")
     return page
-
-

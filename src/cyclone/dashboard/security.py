@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -166,10 +166,10 @@ class Guard:
         cookies = _cookies(headers)
         scope.setdefault("state", {})
         path = scope["path"][len(scope.get("root_path", "")) :] or "/"
-        if self.config.token and not path.startswith(_PUBLIC):
-            if not self._authorised(headers, cookies):
-                await self._unauthorised(scope, send, path, method)
-                return
+        public = path.startswith(_PUBLIC)
+        if self.config.token and not public and not self._authorised(headers, cookies):
+            await self._unauthorised(scope, send, path, method)
+            return
         csrf = cookies.get(CSRF_COOKIE) or ""
         fresh = not csrf or len(csrf) > 64
         if fresh:
@@ -235,8 +235,6 @@ class Guard:
         if method == "GET" and not path.startswith("/api/"):
             query = scope.get("query_string", b"").decode("latin-1")
             target = root + path + (f"?{query}" if query else "")
-            from urllib.parse import quote
-
             location = f"{root}/login?next={quote(target, safe='')}"
             await _respond(send, 303, b"", [(b"location", location.encode("latin-1"))])
             return

@@ -1,0 +1,142 @@
+"""The dashboard's pages on runs a real worker made: what each shows, every database
+value escaped, long values cut with a link to the whole, bad parameters refused."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import XSS
+
+pytestmark = pytest.mark.usefixtures("made")
+
+ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+
+def assert_no_markup_from_data(page: str) -> None:
+    """The XSS strings appear only escaped: no script element, no onerror attribute."""
+    assert "<script>alert" not in page
+    assert "<img src=x" not in page
+    assert "onerror=alert(2)>" not in page or "&gt;" in page
+    assert not re.search(r"<img[^>]*onerror", page)
+    # the only scripts are the page's own file
+    assert re.findall(r"<script[^>]*>", page) == [
+        m for m in re.findall(r"<script[^>]*>", page) if "/static/app.js" in m
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", ["/", "/runs", "/queues", "/kinds", "/schedules", "/workers", "/runs?state=failed"]
+)
+async def test_every_page_answers_and_escapes(http: httpx.AsyncClient, path: str) -> None:
+    response = await http.get(path)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    assert_no_markup_from_data(response.text)
+
+
+async def test_overview_lists_the_failure_escaped(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    page = (await http.get("/")).text
+    assert f'href="/runs/{made["failed"]}"' in page
+    assert ESCAPED in page
+    assert "dash_flow" in page
+
+
+async def test_run_page_draws_one_node_per_step_with_its_state(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    page = (await http.get(f"/runs/{made['failed']}")).text
+    nodes = dict(re.findall(r'data-node="([^"]+)" data-state="([^"]+)"', page))
+    assert nodes == {
+        "a": "completed",
+        "b": "cancelled",
+        "c": "discarded",
+        "items": "cancelled",
+        "approve": "cancelled",
+        "d": "cancelled",
+    }
+    assert ESCAPED in page  # the run's error, and c's error in the steps table
+    assert_no_markup_from_data(page)
+    assert "0/3 items" in page  # the fan-out's items folded into its node
+    assert 'href="/runs/{}/actions/retry"'.format(made["failed"]) in page
+
+
+async def test_waiting_run_shows_what_it_waits_for_and_refreshes(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    page = (await http.get(f"/runs/{made['waiting']}")).text
+    assert 'data-node="approve" data-state="waiting_signal"' in page
+    assert "signal approve" in page
+    assert f'data-live="/runs/{made["waiting"]}/states"' in page
+    states = (await http.get(f"/runs/{made['waiting']}/states")).json()
+    assert states["run_state"] == "running"
+    assert states["nodes"]["approve"] == "waiting_signal"
+
+
+async def test_step_page_shows_values_escaped_and_cuts_long_ones(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    failed = (await http.get(f"/runs/{made['failed']}/step?node=c")).text
+    assert ESCAPED in failed and "Traceback" in failed
+    assert_no_markup_from_data(failed)
+    job = (await http.get(f"/runs/{made['job']}/step?node=dash_echo")).text
+    assert "Full value" in job
+    assert "x" * 30_000 not in job
+    full = await http.get(
+        f"/runs/{made['job']}/step/value", params={"node": "dash_echo", "field": "output"}
+    )
+    assert full.headers["content-type"].startswith("text/plain")
+    assert full.headers["x-content-type-options"] == "nosniff"
+    assert '"x' + "x" * 29_999 + '"' in full.text
+
+
+async def test_fan_out_step_lists_its_items(http: httpx.AsyncClient, made: dict[str, int]) -> None:
+    page = (await http.get(f"/runs/{made['failed']}/step?node=items")).text
+    assert re.findall(r'<td class="num"><a href="[^"]+">#(\d+)</a>', page) == ["0", "1", "2"]
+
+
+async def test_runs_filters_search_and_pages(http: httpx.AsyncClient, made: dict[str, int]) -> None:
+    failed = (await http.get("/runs", params={"state": "failed"})).text
+    assert f'data-run="{made["failed"]}"' in failed
+    assert f'data-run="{made["job"]}"' not in failed
+    one = (await http.get("/runs", params={"limit": "1"})).text
+    assert one.count("data-run=") == 1
+    older = re.search(r'href="(/runs\?[^"]*before=\d+[^"]*)"', one)
+    assert older, "a page of one run of three links the next page"
+    second = (await http.get(older.group(1).replace("&amp;", "&"))).text
+    assert second.count("data-run=") == 1 and second != one
+    found = await http.get("/runs", params={"q": str(made["waiting"])})
+    assert found.status_code == 303
+    assert found.headers["location"] == f"/runs/{made['waiting']}"
+    by_key = (await http.get("/runs", params={"q": XSS})).text
+    assert f'data-run="{made["failed"]}"' in by_key and by_key.count("data-run=") == 1
+    between = (
+        await http.get("/runs", params={"since": "2000-01-01T00:00", "until": "2000-01-02"})
+    ).text
+    assert "No run matches" in between
+    by_workflow = (await http.get("/runs", params={"workflow": "dash_gate"})).text
+    assert by_workflow.count("data-run=") == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "named"),
+    [
+        ("/runs?state=sleeping", 422, "'sleeping'"),
+        ("/runs?limit=100000", 422, "100000"),
+        ("/runs?before=x", 422, "'x'"),
+        ("/runs?since=yesterday", 422, "'yesterday'"),
+        ("/runs/999999", 404, "999999"),
+        ("/runs/1/step?node=nope", 404, "'nope'"),
+        ("/runs/1/step/value?node=a&field=secret", 422, "'secret'"),
+    ],
+)
+async def test_bad_parameters_get_a_page_naming_them(
+    http: httpx.AsyncClient, path: str, status: int, named: str
+) -> None:
+    response = await http.get(path)
+    assert response.status_code == status
+    assert named.replace("'", "&#39;") in response.text
