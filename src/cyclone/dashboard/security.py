@@ -15,7 +15,7 @@
    POSTs; a redirect to the login page for a page).
 4. **Headers.** Every response gets a strict Content-Security-Policy (no inline
    script or style, nothing from another origin, no framing), ``nosniff``,
-   ``no-referrer`` and ``no-store``.
+   ``same-origin`` referrers (with ``no-referrer`` a browser sends ``Origin: null`` on its own forms) and ``no-store``.
 
 CSRF: each browser gets a random ``cyclone_csrf`` cookie; every form carries
 :func:`csrf_token` of it (an HMAC under a per-process key) and :func:`check_csrf` is
@@ -183,7 +183,7 @@ class Guard:
                 out = MutableHeaders(scope=message)
                 out.setdefault("content-security-policy", CSP)
                 out["x-content-type-options"] = "nosniff"
-                out["referrer-policy"] = "no-referrer"
+                out["referrer-policy"] = "same-origin"
                 out["x-frame-options"] = "DENY"
                 out.setdefault("cache-control", "no-store")
                 if fresh:
