@@ -140,3 +140,32 @@ async def test_bad_parameters_get_a_page_naming_them(
     response = await http.get(path)
     assert response.status_code == status
     assert named.replace("'", "&#39;") in response.text
+
+
+async def test_mounted_under_a_prefix_every_link_keeps_it(dsn: str, made: dict[str, int]) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from cyclone.dashboard import create_app
+    from tests.dashboard.conftest import BASE, csrf_of
+
+    dashboard = create_app(dsn)
+    outer = Starlette(routes=[Mount("/ops/cyclone", app=dashboard)])
+    try:
+        transport = httpx.ASGITransport(app=outer)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            page = (await http.get(f"/ops/cyclone/runs/{made['waiting']}")).text
+            links = re.findall(r'(?:href|action|src)="(/[^"]*)"', page)
+            assert links and all(link.startswith("/ops/cyclone/") for link in links), links
+            assert (await http.get("/ops/cyclone/static/app.js")).status_code == 200
+            form = await http.get(f"/ops/cyclone/runs/{made['waiting']}/actions/pause")
+            done = await http.post(
+                f"/ops/cyclone/runs/{made['waiting']}/actions/pause",
+                data={"csrf": csrf_of(form.text)},
+            )
+            assert done.status_code == 303
+            assert done.headers["location"] == f"/ops/cyclone/runs/{made['waiting']}"
+            api = await http.get(f"/ops/cyclone/api/runs/{made['waiting']}")
+            assert api.json()["run"]["state"] == "paused"
+    finally:
+        await dashboard.state.backend.aclose()

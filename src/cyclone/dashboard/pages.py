@@ -27,7 +27,7 @@ from cyclone.dashboard.queries import (
     parse_time,
 )
 from cyclone.dashboard.rendering import render, root
-from cyclone.dashboard.runview import TIMELINE_W, cards, timeline
+from cyclone.dashboard.runview import TIMELINE_W, cards, rows, timeline
 from cyclone.dashboard.security import SESSION_COOKIE, SecurityConfig, safe_next
 from cyclone.errors import CycloneError, NotFoundError, ValidationError
 from cyclone.schedules import next_slot
@@ -108,7 +108,7 @@ async def run(request: Request) -> Response:
     backend = request.app.state.backend
     await backend.open()
     view = await backend.reader.run_view(request.path_params["run_id"])
-    drawn, nodes = cards(view)
+    drawn, nodes = cards(view, root(request))
     bars, span = timeline(view, view.run["db_now"])
     return render(
         request,
@@ -119,6 +119,7 @@ async def run(request: Request) -> Response:
         drawn=drawn,
         nodes=nodes,
         bars=bars,
+        rows=rows(view, root(request)),
         span=span,
         timeline_w=TIMELINE_W,
         live=view.run["state"] in ("running", "paused"),

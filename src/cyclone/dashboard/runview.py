@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cyclone.dashboard.filters import when
+from urllib.parse import quote
+
+from cyclone.dashboard.filters import duration, iso, when
 from cyclone.dashboard.layout import NODE_W, Layout, layout
 from cyclone.dashboard.queries import RunView
 
-__all__ = ["TIMELINE_ROWS", "Bar", "Card", "cards", "timeline"]
+__all__ = ["TIMELINE_ROWS", "Bar", "Card", "Row", "cards", "rows", "timeline"]
 
 LABEL_CHARS = 22
 """Characters of a node id shown in its card (all of it in the card's tooltip)."""
-TIMELINE_ROWS = 400
+TIMELINE_ROWS = 200
 """Steps drawn in the timeline at most (the earliest started)."""
 TIMELINE_W = 900
 """Width of the timeline's bar area."""
@@ -37,8 +39,9 @@ class Card:
         label: the node id, cut to :data:`LABEL_CHARS`.
         detail: one line under it (kind, attempt, what a wait waits for, items).
         tooltip: the full text of the SVG ``<title>``.
-        progress: for a fan-out, the bar's filled width (0 to the box's inner width).
+        progress: for a fan-out, the bar's filled width (0 to :data:`BAR_INNER`).
         child_run: for a child node, the child run's id once it exists.
+        href: where the card leads (the child run, else the step's page).
     """
 
     node: str
@@ -51,6 +54,38 @@ class Card:
     tooltip: str
     progress: int | None
     child_run: int | None
+    href: str
+
+    @property
+    def transform(self) -> str:
+        """The SVG ``transform`` that puts the card at ``(x, y)``."""
+        return f"translate({self.x},{self.y})"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A line of the steps table, every cell already text (a 1,000-step run renders
+    in a few milliseconds): ISO times for ``<time datetime>``, and times, durations
+    and counts as shown."""
+
+    node: str
+    href: str
+    items: str
+    kind: str
+    state: str
+    state_label: str
+    attempt: str
+    reclaims: int
+    queue: str
+    lease_owner: str
+    lease_iso: str
+    lease: str
+    started_iso: str
+    started: str
+    completed_iso: str
+    completed: str
+    duration: str
+    error: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +101,7 @@ class Bar:
     tooltip: str
 
 
-BAR_INNER = NODE_W - 20
+BAR_INNER = 76
 """Width of a fan-out card's progress bar when full."""
 
 
@@ -106,7 +141,43 @@ def _detail(step: dict[str, Any], view: RunView) -> tuple[str, int | None, int |
     return f"{kind}{attempt}", None, None
 
 
-def cards(view: RunView) -> tuple[Layout, list[Card]]:
+def step_href(root: str, run_id: int, node: str) -> str:
+    """The URL of a step's page."""
+    return f"{root}/runs/{run_id}/step?node={quote(node, safe='')}"
+
+
+def rows(view: RunView, root: str) -> list[Row]:
+    """The steps table of ``view``, one :class:`Row` per step (item tasks left out)."""
+    run_id = view.run["id"]
+    out = []
+    for s in view.steps:
+        items = sum(view.items.get(s["node"], {}).values()) if s["fan_out"] else None
+        out.append(
+            Row(
+                node=s["node"],
+                href=step_href(root, run_id, s["node"]),
+                items="" if items is None else f"{items:,} items",
+                kind=s["kind"],
+                state=s["state"],
+                state_label=s["state"].replace("_", " "),
+                attempt=f"{s['attempt']}/{s['max_attempts']}",
+                reclaims=s["reclaims"],
+                queue=s["queue"],
+                lease_owner=s["lease_owner"] or "",
+                lease_iso=iso(s["lease_expiry"]),
+                lease=when(s["lease_expiry"]) if s["lease_expiry"] else "",
+                started_iso=iso(s["started_at"]),
+                started=when(s["started_at"]),
+                completed_iso=iso(s["completed_at"]),
+                completed=when(s["completed_at"]),
+                duration=duration(s["duration"]),
+                error=s["error"] or "",
+            )
+        )
+    return out
+
+
+def cards(view: RunView, root: str = "") -> tuple[Layout, list[Card]]:
     """The DAG's geometry and one card per step of ``view`` (in step order)."""
     nodes = [step["node"] for step in view.steps]
     drawn = layout(nodes, [(n, d) for n, d, _ in view.deps])
@@ -128,6 +199,9 @@ def cards(view: RunView) -> tuple[Layout, list[Card]]:
                 tooltip=tip,
                 progress=progress,
                 child_run=child,
+                href=f"{root}/runs/{child}"
+                if child is not None
+                else step_href(root, view.run["id"], step["node"]),
             )
         )
     return drawn, out
