@@ -51,7 +51,9 @@ def prepare(admin: str, runs: int, rebuild: bool) -> tuple[str, int]:
             if row and row[0] >= runs and row[1]:
                 print(f"using {DATABASE}: {row[0]:,} runs")
                 return dsn, int(row[1])
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE))
+        )
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
     cyclone.migrate(dsn)
     started = time.monotonic()
@@ -109,6 +111,7 @@ async def measure(dsn: str, big: int, requests: int) -> list[tuple[str, list[flo
         ("/runs", "/runs"),
         ("/runs?state=failed", "/runs?state=failed"),
         ("/runs (a day, 20 days ago)", None),
+        ("/runs (before 10 days ago)", "WIDE"),
         (f"/runs/{big} (1,000 nodes)", f"/runs/{big}"),
         ("/api/runs", "/api/runs"),
         ("/queues", "/queues"),
@@ -119,10 +122,11 @@ async def measure(dsn: str, big: int, requests: int) -> list[tuple[str, list[flo
 
     day = datetime.now(UTC) - timedelta(days=20)
     ranged = f"/runs?since={day:%Y-%m-%dT%H:%M}&until={day + timedelta(days=1):%Y-%m-%dT%H:%M}"
+    wide = f"/runs?until={datetime.now(UTC) - timedelta(days=10):%Y-%m-%dT%H:%M}"
     out = []
     try:
         for label, path in pages:
-            target = path or ranged
+            target = wide if path == "WIDE" else path or ranged
             for _ in range(3):
                 status, _ = await call(app, target)
                 if status != 200:
@@ -142,7 +146,10 @@ def p95(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--dsn", default=os.environ.get("CYCLONE_BENCH_DSN", "postgresql://root@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("CYCLONE_BENCH_DSN", "postgresql://root@127.0.0.1:5432/postgres"),
+    )
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--rebuild", action="store_true")

@@ -67,9 +67,7 @@ class Worker:
         handlers: Iterable[cyclone.Handler] = (),
         workflows: Iterable[cyclone.Workflow] = (),
     ) -> None:
-        self.client = cyclone.Client(
-            dsn, handlers=handlers, workflows=workflows, poll_interval=0.2
-        )
+        self.client = cyclone.Client(dsn, handlers=handlers, workflows=workflows, poll_interval=0.2)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
@@ -79,7 +79,12 @@ def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     tab = context.new_page()
     dialogs: list[str] = []
-    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    tab.on("dialog", on_dialog)
     tab.set_default_timeout(WAIT_MS)
     yield tab
     context.close()
@@ -184,9 +189,7 @@ def test_pause_resume_and_a_signal_that_completes_the_run(
     assert done.result == {"approved": True}
 
 
-def test_markup_from_the_database_stays_text(
-    served: tuple[LiveServer, Worker], page: Page
-) -> None:
+def test_markup_from_the_database_stays_text(served: tuple[LiveServer, Worker], page: Page) -> None:
     server, worker = served
     sub = worker.call(lambda c: c.submit(pipeline(), {"html": XSS}, submit_key=XSS))
     worker.call(lambda c: c.wait(sub, timeout=30))

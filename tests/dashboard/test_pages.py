@@ -4,8 +4,11 @@ value escaped, long values cut with a link to the whole, bad parameters refused.
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from tests.dashboard.conftest import XSS
@@ -169,3 +172,33 @@ async def test_mounted_under_a_prefix_every_link_keeps_it(dsn: str, made: dict[s
             assert api.json()["run"]["state"] == "paused"
     finally:
         await dashboard.state.backend.aclose()
+
+
+async def test_a_time_range_pages_in_creation_order(
+    http: httpx.AsyncClient, db: psycopg.Connection[Any]
+) -> None:
+    """One run a day for 30 days: a page of runs before a time is the newest runs
+    before it, whichever window the page was found in, and the next page goes on."""
+    db.execute(
+        "INSERT INTO cyclone_runs (workflow, def_version, created_at)"
+        " SELECT 'dash_day', 'job', now() - g * interval '1 day' FROM generate_series(0, 29) g"
+    )
+    ids = {
+        day: run_id
+        for run_id, day in db.execute(
+            "SELECT id, round(extract(epoch FROM now() - created_at) / 86400)::int"
+            " FROM cyclone_runs WHERE workflow = 'dash_day'"
+        ).fetchall()
+    }
+    until = (datetime.now(UTC) - timedelta(days=2, hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    page = (await http.get("/runs", params={"until": until, "limit": "5"})).text
+    assert [int(i) for i in re.findall(r'data-run="(\d+)"', page)] == [ids[d] for d in range(3, 8)]
+    older = re.search(r'href="(/runs\?[^"]*before=\d+[^"]*)"', page)
+    assert older
+    second = (await http.get(older.group(1).replace("&amp;", "&"))).text
+    assert [int(i) for i in re.findall(r'data-run="(\d+)"', second)] == [
+        ids[d] for d in range(8, 13)
+    ]
+    since = (datetime.now(UTC) - timedelta(days=4, hours=12)).strftime("%Y-%m-%dT%H:%M:%S")
+    bounded = (await http.get("/runs", params={"until": until, "since": since})).text
+    assert [int(i) for i in re.findall(r'data-run="(\d+)"', bounded)] == [ids[3], ids[4]]

@@ -391,17 +391,11 @@ ADDITIONS: dict[int, Addition] = {
     ),
     7: Addition(
         indexes={
-            "idx_steps_active": Index(
-                STEPS, ("queue", "state", "scheduled_at"), pred_has=("'completed'", "'cancelled'")
-            ),
-            "idx_steps_completed_at": Index(
-                STEPS, ("completed_at",), pred_has=("completed_at IS NOT NULL",)
-            ),
-            "idx_runs_workflow_id": Index(RUNS, ("workflow", "id DESC"), partial=False),
+            "idx_steps_completed_brin": Index(STEPS, ("completed_at",), partial=False),
+            "idx_runs_created_brin": Index(RUNS, ("created_at",), partial=False),
             "idx_runs_submit_key_any": Index(
                 RUNS, ("submit_key",), pred_has=("submit_key IS NOT NULL",)
             ),
-            "idx_runs_created": Index(RUNS, ("created_at", "id"), partial=False),
         }
     ),
 }

@@ -17,18 +17,22 @@ from cyclone.render import zone_time
 __all__ = ["ago", "duration", "install_filters", "iso", "number", "when", "zoned"]
 
 
+def _utc(value: datetime) -> datetime:
+    return value if value.tzinfo is UTC else value.astimezone(UTC)
+
+
 def when(value: datetime | None) -> str:
     """``YYYY-MM-DD HH:MM:SS`` in UTC; ``-`` for ``None``."""
     if value is None:
         return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return _utc(value).isoformat(" ", "seconds")[:19]
 
 
 def iso(value: datetime | None) -> str:
     """ISO 8601 in UTC (for ``<time datetime>``); empty for ``None``."""
     if value is None:
         return ""
-    return value.astimezone(UTC).isoformat(timespec="seconds")
+    return _utc(value).isoformat(timespec="seconds")
 
 
 def duration(value: float | None) -> str:

@@ -10,6 +10,7 @@ SVG user units (pixels at 100% zoom).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -53,8 +54,8 @@ class Layout:
     """The drawing: each node's box (in the order given), the edges, and the total
     ``width`` and ``height``."""
 
-    nodes: list[Placed]
-    edges: list[Edge]
+    nodes: tuple[Placed, ...]
+    edges: tuple[Edge, ...]
     width: int
     height: int
 
@@ -90,8 +91,19 @@ def layout(nodes: Sequence[str], edges: Iterable[tuple[str, str]]) -> Layout:
     """Place ``nodes`` (ids in insertion order) joined by ``edges`` (``(node,
     dep_node)`` pairs: ``node`` runs after ``dep_node``).
 
-    Edges that name a node not in ``nodes`` are left out.
+    Edges that name a node not in ``nodes`` are left out. The drawings of the last
+    :data:`CACHED` graphs are kept (a run page redrawn while its run runs, or runs of
+    one definition, lay out the same graph).
     """
+    return _layout(tuple(nodes), tuple(edges))
+
+
+CACHED = 64
+"""Graphs whose drawing is kept."""
+
+
+@functools.lru_cache(maxsize=CACHED)
+def _layout(nodes: tuple[str, ...], edges: tuple[tuple[str, str], ...]) -> Layout:
     known = set(nodes)
     pairs = [(n, d) for n, d in edges if n in known and d in known and n != d]
     parents: dict[str, list[str]] = {}
@@ -133,4 +145,4 @@ def layout(nodes: Sequence[str], edges: Iterable[tuple[str, str]]) -> Layout:
     width = PAD * 2 + (max(depth.values(), default=0) + 1) * (NODE_W + GAP_X) - GAP_X
     tallest = max((len(c) for c in columns.values()), default=1)
     height = PAD * 2 + tallest * (NODE_H + GAP_Y) - GAP_Y
-    return Layout([placed[n] for n in nodes], drawn, width, height)
+    return Layout(tuple(placed[n] for n in nodes), tuple(drawn), width, height)

@@ -27,7 +27,7 @@ from cyclone.dashboard.queries import (
     parse_time,
 )
 from cyclone.dashboard.rendering import render, root
-from cyclone.dashboard.runview import TIMELINE_W, cards, rows, timeline
+from cyclone.dashboard.runview import ROWS_SHOWN, TIMELINE_W, cards, rows, timeline
 from cyclone.dashboard.security import SESSION_COOKIE, SecurityConfig, safe_next
 from cyclone.errors import CycloneError, NotFoundError, ValidationError
 from cyclone.schedules import next_slot
@@ -103,11 +103,13 @@ async def runs(request: Request) -> Response:
 
 
 async def run(request: Request) -> Response:
-    """``/runs/{id}``: the run's DAG, steps table and timeline; refreshes itself while
-    the run is not finished."""
+    """``/runs/{id}``: the run's DAG, steps table (the first :data:`ROWS_SHOWN` steps;
+    ``?steps=all``: every one) and timeline; refreshes itself while the run is not
+    finished."""
     backend = request.app.state.backend
     await backend.open()
     view = await backend.reader.run_view(request.path_params["run_id"])
+    all_steps = request.query_params.get("steps") == "all"
     drawn, nodes = cards(view, root(request))
     bars, span = timeline(view, view.run["db_now"])
     return render(
@@ -119,7 +121,8 @@ async def run(request: Request) -> Response:
         drawn=drawn,
         nodes=nodes,
         bars=bars,
-        rows=rows(view, root(request)),
+        rows=rows(view, root(request), None if all_steps else ROWS_SHOWN),
+        all_steps=all_steps,
         span=span,
         timeline_w=TIMELINE_W,
         live=view.run["state"] in ("running", "paused"),

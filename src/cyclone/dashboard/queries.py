@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -55,6 +55,8 @@ VALUE_FIELDS = ("input", "output", "error", "panic_stack")
 """The values of a step that open in full."""
 THROUGHPUT_MINUTES = 60
 """Minutes the overview's chart covers."""
+RANGE_WINDOWS = (timedelta(hours=1), timedelta(days=1), timedelta(days=7))
+"""The windows before ``until`` a time range of runs is read in first."""
 UNSERVED_GRACE = 60.0
 """Seconds a step stays claimable, with nothing of its kind running, before its kind
 is listed as served by no running worker."""
@@ -68,7 +70,7 @@ class RunFilters:
         state: a run state.
         workflow: a workflow name (or the kind of a job).
         since, until: creation time range, ``since <= created_at < until`` (aware);
-            with either, the page is in creation order (``dashboard_runs_between``).
+            with ``until``, the page is in creation order (``dashboard_runs_between``).
         submit_key: runs with exactly this submit key.
         before: keyset paging: runs with a smaller id.
         limit: rows on the page, 1 to :data:`MAX_PAGE`.
@@ -213,21 +215,46 @@ class Reader:
         )
 
     async def runs_page(self, filters: RunFilters) -> RunPage:
-        """One page of runs, newest first (see :class:`RunFilters`)."""
-        ranged = filters.since is not None or filters.until is not None
-        rows = await self._rows(
-            Q.dashboard_runs_between if ranged else Q.dashboard_runs,
-            {
-                "state": filters.state,
-                "workflow": filters.workflow,
-                "since": filters.since,
-                "until": filters.until,
-                "submit_key": filters.submit_key,
-                "before_id": filters.before,
-                "limit": filters.limit + 1,
-                "chars": ERROR_CHARS,
-            },
-        )
+        """One page of runs, newest first (see :class:`RunFilters`).
+
+        With ``until``, runs are read in creation order from the block range index,
+        which cannot stop at the first rows found: it is asked for the last hour
+        before ``until`` (or before the page's ``before`` run), then the last day,
+        then the last week, then the whole range, until one of these holds a page.
+        Every run outside a window is older than every run in it, so the page is the
+        same as the whole range's; a range holding runs at all usually takes one step.
+        """
+        params: dict[str, Any] = {
+            "state": filters.state,
+            "workflow": filters.workflow,
+            "since": filters.since,
+            "until": filters.until,
+            "submit_key": filters.submit_key,
+            "before_id": filters.before,
+            "limit": filters.limit + 1,
+            "chars": ERROR_CHARS,
+        }
+        async with self._conn() as conn:
+            if filters.until is None:
+                rows = await fetch_dicts_async(conn, Stmt(Q.dashboard_runs, params))
+            else:
+                top = filters.until
+                if filters.before is not None:
+                    found = await fetch_dicts_async(
+                        conn, Stmt(Q.dashboard_run_created, {"run_id": filters.before})
+                    )
+                    if found:
+                        top = min(top, found[0]["created_at"])
+                for window in (*RANGE_WINDOWS, None):
+                    since = filters.since
+                    if window is not None:
+                        since = max(since or top - window, top - window)
+                    rows = await fetch_dicts_async(
+                        conn, Stmt(Q.dashboard_runs_between, {**params, "since": since})
+                    )
+                    if len(rows) > filters.limit or since == filters.since:
+                        break
+        rows = _utc(rows)
         more = len(rows) > filters.limit
         rows = rows[: filters.limit]
         return RunPage(rows, rows[-1]["id"] if more and rows else None)

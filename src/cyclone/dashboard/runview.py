@@ -11,14 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-
 from urllib.parse import quote
 
 from cyclone.dashboard.filters import duration, iso, when
-from cyclone.dashboard.layout import NODE_W, Layout, layout
+from cyclone.dashboard.layout import Layout, layout
 from cyclone.dashboard.queries import RunView
 
-__all__ = ["TIMELINE_ROWS", "Bar", "Card", "Row", "cards", "rows", "timeline"]
+__all__ = ["ROWS_SHOWN", "TIMELINE_ROWS", "Bar", "Card", "Row", "cards", "rows", "timeline"]
 
 LABEL_CHARS = 22
 """Characters of a node id shown in its card (all of it in the card's tooltip)."""
@@ -26,6 +25,8 @@ TIMELINE_ROWS = 200
 """Steps drawn in the timeline at most (the earliest started)."""
 TIMELINE_W = 900
 """Width of the timeline's bar area."""
+ROWS_SHOWN = 250
+"""Steps listed in the steps table unless all are asked for (``?steps=all``)."""
 _TERMINAL = {"completed", "discarded", "cancelled"}
 
 
@@ -146,11 +147,12 @@ def step_href(root: str, run_id: int, node: str) -> str:
     return f"{root}/runs/{run_id}/step?node={quote(node, safe='')}"
 
 
-def rows(view: RunView, root: str) -> list[Row]:
-    """The steps table of ``view``, one :class:`Row` per step (item tasks left out)."""
+def rows(view: RunView, root: str, limit: int | None = ROWS_SHOWN) -> list[Row]:
+    """The steps table of ``view``: one :class:`Row` per step (item tasks left out), the
+    first ``limit`` (``None``: all)."""
     run_id = view.run["id"]
     out = []
-    for s in view.steps:
+    for s in view.steps[:limit]:
         items = sum(view.items.get(s["node"], {}).values()) if s["fan_out"] else None
         out.append(
             Row(

@@ -15,7 +15,8 @@
    POSTs; a redirect to the login page for a page).
 4. **Headers.** Every response gets a strict Content-Security-Policy (no inline
    script or style, nothing from another origin, no framing), ``nosniff``,
-   ``same-origin`` referrers (with ``no-referrer`` a browser sends ``Origin: null`` on its own forms) and ``no-store``.
+   ``same-origin`` referrers (with ``no-referrer`` a browser sends ``Origin: null``
+   on the dashboard's own forms) and ``no-store``.
 
 CSRF: each browser gets a random ``cyclone_csrf`` cookie; every form carries
 :func:`csrf_token` of it (an HMAC under a per-process key) and :func:`check_csrf` is

@@ -231,6 +231,7 @@ class Queries:
     dashboard_recent_failures: LiteralString
     dashboard_runs: LiteralString
     dashboard_runs_between: LiteralString
+    dashboard_run_created: LiteralString
     dashboard_run: LiteralString
     dashboard_run_steps: LiteralString
     dashboard_run_items: LiteralString

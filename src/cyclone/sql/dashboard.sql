@@ -5,20 +5,40 @@
 -- the dashboard's connections never prepare statements on the server, so each
 -- statement is planned with its values and a filter left out costs nothing. Ages and
 -- durations come back as seconds (float8). The indexes named are those of migrations
--- 1 and 7; tests/dashboard/test_plans.py holds the statements to them.
+-- 1, 3 and 7; tests/dashboard/test_plans.py holds the statements to them.
 
 
 -- name: dashboard_queue_stats
--- Unfinished work per queue (cyclone_v_queues, planned on idx_steps_active).
-SELECT v.queue,
-       v.available,
-       v.running,
-       v.waiting,
-       extract(epoch FROM v.oldest_available_age)::float8 AS oldest_available_age,
-       v.expired_leases
-FROM cyclone_v_queues v
-ORDER BY v.queue;
-
+-- Unfinished work per queue, as cyclone_v_queues counts it, read from the partial
+-- indexes of the engine (one arm per state: idx_steps_claim, idx_steps_lease,
+-- idx_steps_signal, idx_steps_timer, idx_steps_waiting_child) instead of a scan of
+-- every unfinished step.
+SELECT q.queue,
+       sum(q.available)::bigint AS available,
+       sum(q.running)::bigint AS running,
+       sum(q.waiting)::bigint AS waiting,
+       extract(epoch FROM max(q.oldest))::float8 AS oldest_available_age,
+       sum(q.expired)::bigint AS expired_leases
+FROM (
+    SELECT s.queue, count(*) AS available, 0 AS running, 0 AS waiting,
+           max(now() - s.scheduled_at) FILTER (WHERE s.scheduled_at <= now()) AS oldest,
+           0 AS expired
+    FROM cyclone_steps s WHERE s.state = 'available' GROUP BY s.queue
+    UNION ALL
+    SELECT s.queue, 0, count(*), 0, NULL, count(*) FILTER (WHERE s.lease_expiry < now())
+    FROM cyclone_steps s WHERE s.state = 'running' GROUP BY s.queue
+    UNION ALL
+    SELECT s.queue, 0, 0, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_signal' GROUP BY s.queue
+    UNION ALL
+    SELECT s.queue, 0, 0, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_timer' GROUP BY s.queue
+    UNION ALL
+    SELECT s.queue, 0, 0, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_child' GROUP BY s.queue
+) q
+GROUP BY q.queue
+ORDER BY q.queue;
 
 -- name: dashboard_active_runs
 -- How many runs are running and paused (idx_runs_state_id, the active end only).
@@ -30,17 +50,15 @@ WHERE r.state IN ('running', 'paused');
 
 -- name: dashboard_throughput
 -- Steps completed and discarded per minute over the last %(minutes)s minutes, by the
--- database clock (idx_steps_completed_at). Minutes with none are absent.
+-- database clock (idx_steps_completed_brin). Minutes with none are absent.
 SELECT extract(epoch FROM date_trunc('minute', s.completed_at))::float8 AS minute,
        count(*) FILTER (WHERE s.state = 'completed') AS completed,
        count(*) FILTER (WHERE s.state = 'discarded') AS failed
 FROM cyclone_steps s
-WHERE s.completed_at IS NOT NULL
-  AND s.completed_at >= date_trunc('minute', now())
+WHERE s.completed_at >= date_trunc('minute', now())
                         - (%(minutes)s::int - 1) * interval '1 minute'
 GROUP BY 1
 ORDER BY 1;
-
 
 -- name: dashboard_statement_timeout
 -- Cancel a dashboard read that runs longer than %(ms)s milliseconds (a session setting
@@ -82,9 +100,10 @@ LIMIT %(limit)s;
 
 -- name: dashboard_runs
 -- One page of runs, newest first, below %(before_id)s (keyset paging on the primary
--- key), each filter applied only when given: state (idx_runs_state_id), workflow
--- (idx_runs_workflow_id), submit key (idx_runs_submit_key_any). A failed run's error
--- comes cut to %(chars)s characters.
+-- key), each filter applied only when given: state (idx_runs_state_id), submit key
+-- (idx_runs_submit_key_any), workflow and a creation time from %(since)s on (read
+-- along the primary key: the newest runs come first). A failed run's error comes cut
+-- to %(chars)s characters.
 SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
        f.parent_run_id, left(f.error, %(chars)s) AS error,
        extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
@@ -93,23 +112,25 @@ FROM cyclone_run_results_v1 f
 WHERE (%(state)s::text IS NULL OR f.state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR f.workflow = %(workflow)s::text)
   AND (%(submit_key)s::text IS NULL OR f.submit_key = %(submit_key)s::text)
+  AND (%(since)s::timestamptz IS NULL OR f.created_at >= %(since)s::timestamptz)
   AND (%(before_id)s::bigint IS NULL OR f.id < %(before_id)s::bigint)
 ORDER BY f.id DESC
 LIMIT %(limit)s;
 
-
 -- name: dashboard_runs_between
--- dashboard_runs for runs created from %(since)s (inclusive) to %(until)s (exclusive,
--- either NULL: open), in creation order, newest first, on idx_runs_created (the
--- primary key follows the creation order only roughly); the next page starts below
--- the creation time and id of run %(before_id)s.
+-- dashboard_runs for runs created before %(until)s (and from %(since)s on, when given),
+-- in creation order, newest first, from idx_runs_created_brin: a range in the past is
+-- found by its block ranges (the primary key follows the creation order only roughly,
+-- and the planner cannot know how closely, so it would walk the key down from the
+-- newest run). The next page starts below the creation time and id of run
+-- %(before_id)s.
 SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
        f.parent_run_id, left(f.error, %(chars)s) AS error,
        extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
            AS duration
 FROM cyclone_run_results_v1 f
-WHERE f.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
-  AND f.created_at < coalesce(%(until)s::timestamptz, 'infinity')
+WHERE f.created_at < %(until)s::timestamptz
+  AND f.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(before_id)s::bigint IS NULL
        OR (f.created_at, f.id) < (SELECT b.created_at, b.id FROM cyclone_runs b
                                   WHERE b.id = %(before_id)s::bigint))
@@ -118,6 +139,10 @@ WHERE f.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(submit_key)s::text IS NULL OR f.submit_key = %(submit_key)s::text)
 ORDER BY f.created_at DESC, f.id DESC
 LIMIT %(limit)s;
+
+-- name: dashboard_run_created
+-- When run %(run_id)s was created (the primary key); no row for an unknown run.
+SELECT r.created_at FROM cyclone_runs r WHERE r.id = %(run_id)s;
 
 
 -- name: dashboard_run
@@ -269,32 +294,43 @@ LIMIT %(limit)s;
 
 
 -- name: dashboard_kinds
--- Unfinished steps per kind and state (idx_steps_active), with the oldest claimable
--- age and the expired leases.
-SELECT s.kind, s.state, count(*) AS count,
-       extract(epoch FROM max(now() - s.scheduled_at)
-           FILTER (WHERE s.state = 'available' AND s.scheduled_at <= now()))::float8
-           AS oldest_available_age,
-       count(*) FILTER (WHERE s.state = 'running' AND s.lease_expiry < now())
-           AS expired_leases
-FROM cyclone_steps s
-WHERE s.state NOT IN ('completed', 'discarded', 'cancelled')
-GROUP BY s.kind, s.state
-ORDER BY s.kind, s.state;
-
+-- Claimable, running and waiting steps per kind and state, with the oldest claimable
+-- age and the expired leases, from the engine's partial indexes as
+-- dashboard_queue_stats reads them (pending and paused steps are not counted).
+SELECT k.kind, k.state, sum(k.count)::bigint AS count,
+       extract(epoch FROM max(k.oldest))::float8 AS oldest_available_age,
+       sum(k.expired)::bigint AS expired_leases
+FROM (
+    SELECT s.kind, s.state, count(*) AS count,
+           max(now() - s.scheduled_at) FILTER (WHERE s.scheduled_at <= now()) AS oldest,
+           0 AS expired
+    FROM cyclone_steps s WHERE s.state = 'available' GROUP BY s.kind, s.state
+    UNION ALL
+    SELECT s.kind, s.state, count(*), NULL, count(*) FILTER (WHERE s.lease_expiry < now())
+    FROM cyclone_steps s WHERE s.state = 'running' GROUP BY s.kind, s.state
+    UNION ALL
+    SELECT s.kind, s.state, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_signal' GROUP BY s.kind, s.state
+    UNION ALL
+    SELECT s.kind, s.state, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_timer' GROUP BY s.kind, s.state
+    UNION ALL
+    SELECT s.kind, s.state, count(*), NULL, 0
+    FROM cyclone_steps s WHERE s.state = 'waiting_child' GROUP BY s.kind, s.state
+) k
+GROUP BY k.kind, k.state
+ORDER BY k.kind, k.state;
 
 -- name: dashboard_kinds_finished
 -- Steps per kind that completed or were discarded over the last %(minutes)s minutes
--- (idx_steps_completed_at).
+-- (idx_steps_completed_brin).
 SELECT s.kind,
        count(*) FILTER (WHERE s.state = 'completed') AS completed,
        count(*) FILTER (WHERE s.state = 'discarded') AS failed
 FROM cyclone_steps s
-WHERE s.completed_at IS NOT NULL
-  AND s.completed_at >= now() - %(minutes)s::int * interval '1 minute'
+WHERE s.completed_at >= now() - %(minutes)s::int * interval '1 minute'
 GROUP BY s.kind
 ORDER BY s.kind;
-
 
 -- name: dashboard_workers
 -- Workers as the leases of running steps show them (idx_steps_lease): per lease
