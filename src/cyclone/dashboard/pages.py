@@ -127,6 +127,7 @@ async def run(request: Request) -> Response:
         timeline_w=TIMELINE_W,
         live=view.run["state"] in ("running", "paused"),
         items_total=sum(sum(counts.values()) for counts in view.items.values()),
+        retryable=any(s["state"] in ("discarded", "cancelled") for s in view.steps),
     )
 
 

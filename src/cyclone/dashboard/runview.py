@@ -58,6 +58,11 @@ class Card:
     href: str
 
     @property
+    def state_label(self) -> str:
+        """The state as shown (``waiting signal``)."""
+        return self.state.replace("_", " ")
+
+    @property
     def transform(self) -> str:
         """The SVG ``transform`` that puts the card at ``(x, y)``."""
         return f"translate({self.x},{self.y})"
