@@ -139,3 +139,34 @@ def test_importing_cyclone_never_imports_starlette() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_command_serves_the_dashboard(dsn: str) -> None:
+    from tests.dashboard.live import free_port
+    from tests.helpers import poll_until
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "CYCLONE_DASHBOARD_TOKEN"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cyclone", "dashboard", "--dsn", dsn, "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def answers() -> httpx.Response | None:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/api/queues", timeout=2)
+            except httpx.TransportError:
+                return None
+
+        response = poll_until(answers, timeout=30, what="cyclone dashboard to answer")
+        assert response.status_code == 200 and response.json() == []
+        assert response.headers["content-security-policy"] == CSP
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"http://127.0.0.1:{port}/" in out
