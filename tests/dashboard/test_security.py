@@ -164,6 +164,7 @@ def test_the_command_serves_the_dashboard(dsn: str) -> None:
                 return None
 
         response = poll_until(answers, timeout=30, what="cyclone dashboard to answer")
+        assert response is not None
         assert response.status_code == 200 and response.json() == []
         assert response.headers["content-security-policy"] == CSP
     finally:
