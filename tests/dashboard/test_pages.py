@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -202,3 +203,47 @@ async def test_a_time_range_pages_in_creation_order(
     since = (datetime.now(UTC) - timedelta(days=4, hours=12)).strftime("%Y-%m-%dT%H:%M:%S")
     bounded = (await http.get("/runs", params={"until": until, "since": since})).text
     assert [int(i) for i in re.findall(r'data-run="(\d+)"', bounded)] == [ids[3], ids[4]]
+
+
+async def test_schedules_page_and_its_enable_disable_form(
+    http: httpx.AsyncClient, dsn: str
+) -> None:
+    import cyclone
+    from tests.dashboard.conftest import XSS, csrf_of
+
+    async with cyclone.Client(dsn) as client:
+        await client.create_schedule(XSS, "dash_echo", {"x": 1}, "30 4 * * *", "Europe/Paris")
+    page = (await http.get("/schedules")).text
+    assert ESCAPED in page  # the id, as text
+    assert "04:30:00 CET" in page  # next fires in the schedule's own zone
+    assert "enabled" in page
+    path = f"/schedules/actions/disable?id={quote(XSS, safe='')}"
+    form = await http.get(path)
+    assert form.status_code == 200
+    done = await http.post(path, data={"csrf": csrf_of(form.text)})
+    assert done.status_code == 303 and done.headers["location"] == "/schedules"
+    async with cyclone.Client(dsn) as client:
+        assert not (await client.get_schedule(XSS)).enabled
+    shown = (await http.get("/schedules")).text
+    assert "disabled" in shown and "/actions/enable" in shown
+    missing = await http.post(
+        "/schedules/actions/enable?id=nope", data={"csrf": csrf_of(form.text)}
+    )
+    assert missing.status_code == 404 and "nope" in missing.text
+
+
+async def test_purge_form_deletes_finished_runs(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    from tests.dashboard.conftest import csrf_of
+
+    form = await http.get("/purge")
+    token = csrf_of(form.text)
+    bad = await http.post("/purge", data={"csrf": token, "older_than": "soon"})
+    assert bad.status_code == 422 and "&#39;soon&#39;" in bad.text
+    done = await http.post("/purge", data={"csrf": token, "older_than": "0"})
+    assert done.status_code == 303
+    shown = (await http.get(done.headers["location"])).text
+    assert "purged 2 run(s)" in shown  # the failed run and the job; the waiting one stays
+    assert (await http.get(f"/runs/{made['failed']}")).status_code == 404
+    assert (await http.get(f"/runs/{made['waiting']}")).status_code == 200

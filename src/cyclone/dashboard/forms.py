@@ -4,7 +4,7 @@ form POSTs with the page's CSRF token; the POST runs the action through
 with a message, or shows the confirmation page again with the error.
 
 Routes: ``/runs/{id}/actions/{cancel|pause|resume|retry|signal}``,
-``/schedules/{id}/actions/{enable|disable}``, ``/purge``, ``/logout``. In read-only
+``/schedules/actions/{enable|disable}?id=ID``, ``/purge``, ``/logout``. In read-only
 mode every one answers 403.
 """
 
@@ -141,10 +141,10 @@ async def run_action(request: Request) -> Response:
 
 
 async def schedule_action(request: Request) -> Response:
-    """``/schedules/{id}/actions/{enable|disable}``: confirmation (GET) or the change
-    (POST)."""
+    """``/schedules/actions/{enable|disable}?id=ID``: confirmation (GET) or the change
+    (POST). The id is a query parameter: a schedule id may hold a ``/``."""
     _writable(request)
-    schedule_id: str = request.path_params["schedule_id"]
+    schedule_id = request.query_params.get("id", "")
     action: str = request.path_params["action"]
     if action not in ("enable", "disable"):
         raise NotFoundError(f"no schedule action {action!r}; they are enable and disable")
@@ -189,7 +189,7 @@ def routes() -> list[BaseRoute]:
     both = ["GET", "POST"]
     return [
         Route("/runs/{run_id:int}/actions/{action}", run_action, methods=both),
-        Route("/schedules/{schedule_id}/actions/{action}", schedule_action, methods=both),
+        Route("/schedules/actions/{action}", schedule_action, methods=both),
         Route("/purge", purge, methods=both),
         Route("/logout", logout, methods=["POST"]),
     ]
