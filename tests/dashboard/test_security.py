@@ -171,3 +171,19 @@ def test_the_command_serves_the_dashboard(dsn: str) -> None:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
     assert f"http://127.0.0.1:{port}/" in out
+
+
+@pytest.mark.slow  # each request waits out the 5 s connect timeout
+async def test_an_unreachable_database_is_a_503_page(dsn: str) -> None:
+    from tests.conftest import database_dsn
+
+    app: Starlette = create_app(database_dsn(dsn, "cyclone_no_such_database"))
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as http:
+            page = await http.get("/")
+            assert page.status_code == 503 and "cyclone_no_such_database" in page.text
+            api = await http.get("/api/queues")
+            assert api.status_code == 503 and "cyclone_no_such_database" in api.json()["error"]
+    finally:
+        await app.state.backend.aclose()

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from cyclone.client import Client
-from cyclone.errors import CycloneError, NotFoundError, StateError, ValidationError
+from cyclone.errors import (
+    CycloneError,
+    DatabaseUnavailable,
+    NotFoundError,
+    StateError,
+    ValidationError,
+)
 from cyclone.options import check_text
 
 __all__ = [
@@ -41,7 +47,9 @@ _DONE = {"cancel": "cancelled", "pause": "paused", "resume": "resumed"}
 
 def status_of(exc: CycloneError) -> int:
     """The HTTP status of an action's error: 404 not found, 409 state, 422 bad value,
-    400 anything else Cyclone raised."""
+    503 the database out of reach, 400 anything else Cyclone raised."""
+    if isinstance(exc, DatabaseUnavailable):
+        return 503
     if isinstance(exc, NotFoundError):
         return 404
     if isinstance(exc, StateError):

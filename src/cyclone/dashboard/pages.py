@@ -13,6 +13,8 @@ import hmac
 from typing import Any
 from urllib.parse import quote
 
+import psycopg
+from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
@@ -283,6 +285,9 @@ async def _error_page(request: Request, exc: Exception) -> Response:
         message = str(exc)
     elif isinstance(exc, HTTPException):
         status, message = exc.status_code, str(exc.detail)
+    elif isinstance(exc, psycopg.OperationalError | PoolTimeout):
+        status = 503
+        message = f"the database is out of reach: {str(exc).strip().splitlines()[0]}"
     else:  # pragma: no cover - registered for the two types above only
         raise exc
     if request.url.path.startswith(f"{root(request)}/api/") or request.url.path.endswith("/states"):
@@ -291,5 +296,11 @@ async def _error_page(request: Request, exc: Exception) -> Response:
 
 
 def exception_handlers() -> dict[Any, Any]:
-    """Cyclone's errors and HTTP errors as a page (JSON under ``/api/``)."""
-    return {CycloneError: _error_page, HTTPException: _error_page}
+    """Cyclone's errors, HTTP errors and an unreachable database (503) as a page (JSON
+    under ``/api/``)."""
+    return {
+        CycloneError: _error_page,
+        HTTPException: _error_page,
+        psycopg.OperationalError: _error_page,
+        PoolTimeout: _error_page,
+    }

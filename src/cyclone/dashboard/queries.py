@@ -41,6 +41,8 @@ __all__ = [
     "Reader",
     "RunFilters",
     "RunPage",
+    "RunView",
+    "parse_time",
 ]
 
 MAX_PAGE = 200
