@@ -133,6 +133,7 @@ async def test_runs_filters_search_and_pages(http: httpx.AsyncClient, made: dict
         ("/runs?limit=100000", 422, "100000"),
         ("/runs?before=x", 422, "'x'"),
         ("/runs?since=yesterday", 422, "'yesterday'"),
+        ("/runs?q=%C2%B2", 200, "No run matches"),
         ("/runs/999999", 404, "999999"),
         ("/runs/1/step?node=nope", 404, "'nope'"),
         ("/runs/1/step/value?node=a&field=secret", 422, "'secret'"),

@@ -72,7 +72,8 @@ async def runs(request: Request) -> Response:
     backend = request.app.state.backend
     await backend.open()
     search = _text(request, "q")
-    if search is not None and search.isdigit() and await backend.reader.run_exists(int(search)):
+    numeric = search is not None and search.isascii() and search.isdigit()
+    if numeric and search is not None and await backend.reader.run_exists(int(search)):
         return RedirectResponse(f"{root(request)}/runs/{int(search)}", status_code=303)
     since, until = _text(request, "since"), _text(request, "until")
     filters = RunFilters(
