@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import cyclone
 from bench.dashboard_data import BIG_WORKFLOW, load
+from bench.db import DEFAULT_ADMIN_DSN
 from cyclone.dashboard import create_app
 
 DATABASE = "cyclone_bench_dashboard"
@@ -147,8 +148,7 @@ def p95(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--dsn",
-        default=os.environ.get("CYCLONE_BENCH_DSN", "postgresql://root@127.0.0.1:5432/postgres"),
+        "--dsn", default=DEFAULT_ADMIN_DSN, help="admin DSN; the bench's databases are made here"
     )
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--requests", type=int, default=20)

@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 import cyclone
-from bench.db import throwaway_database
+from bench.db import DEFAULT_ADMIN_DSN, throwaway_database
 
 DASHBOARD_INDEXES = ("idx_steps_completed_brin", "idx_runs_created_brin", "idx_runs_submit_key_any")
 """The indexes of migration 7."""
@@ -101,7 +101,7 @@ def main() -> None:
     """``python -m bench.dashboard_cost``."""
     parser = argparse.ArgumentParser(prog="python -m bench.dashboard_cost")
     parser.add_argument(
-        "--dsn", default=os.environ.get("CYCLONE_BENCH_DSN", "postgresql://root@127.0.0.1/postgres")
+        "--dsn", default=DEFAULT_ADMIN_DSN, help="admin DSN; the bench's databases are made here"
     )
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
