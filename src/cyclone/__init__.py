@@ -26,8 +26,7 @@ from cyclone.errors import (
 )
 from cyclone.handlers import Handler, action, step
 from cyclone.migrate import migrate, migrate_async
-from cyclone.monitor import QueueStats
-from cyclone.records import Enqueued, Run, Schedule, Step, Submitted
+from cyclone.records import Enqueued, QueueStats, Run, Schedule, Step, Submitted
 from cyclone.retry import RetryPolicy
 from cyclone.states import RunState, StepState
 from cyclone.sync_client import SyncClient

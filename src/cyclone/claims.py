@@ -99,10 +99,10 @@ class Claimer:
             try:
                 sequenced = [step for step in claimed if step.sequence_key is not None]
                 if sequenced:
-                    rows = await batch_async(
+                    results = await batch_async(
                         conn, sequence_recheck_stmts(sequenced), transaction=True
                     )
-                    given_back = {row[0] for row in rows[-1]}
+                    given_back = {row.id for row in results.of(Q.steps_sequence_release)}
                     if given_back:
                         log.debug("sequence recheck gave back steps %s", sorted(given_back))
                         claimed = [step for step in claimed if step.id not in given_back]

@@ -31,6 +31,7 @@ from typing import Any, Self, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from cyclone.calls.async_shell import AsyncShell
 from cyclone.calls.producers import ProducerCalls
 from cyclone.calls.runs import RunCalls
 from cyclone.calls.schedules import ScheduleCalls
@@ -69,7 +70,7 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Client(ProducerCalls, RunCalls, ScheduleCalls):
+class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
     """The asyncio client: producer and inspection calls; workers when started.
 
     Args:

@@ -20,10 +20,16 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, batch_async
+from cyclone.dbio import Results, Stmt, batch_async
 from cyclone.graph import parse_advanced
 from cyclone.retry import WRITE_RETRIES, error_backoff
-from cyclone.transitions import FAILURE_CAS, Claimed, Failure, complete_stmts, failure_stmts
+from cyclone.transitions import (
+    Claimed,
+    Failure,
+    complete_stmts,
+    failure_applied,
+    failure_stmts,
+)
 from cyclone.wakeups import NO_WAKEUPS, Announcer
 
 __all__ = ["MAX_BATCH", "Completer"]
@@ -100,7 +106,7 @@ class Completer:
         for attempt in range(WRITE_RETRIES):
             try:
                 async with self._pool.connection() as conn:
-                    rows = await batch_async(conn, stmts, transaction=True)
+                    results = await batch_async(conn, stmts, transaction=True)
                 break
             except psycopg.OperationalError as exc:  # the connection or the server
                 if attempt == WRITE_RETRIES - 1:
@@ -122,7 +128,7 @@ class Completer:
                 for item in batch:
                     await self._flush([item])
                 return
-        advanced = parse_advanced(rows[1:])
+        advanced = parse_advanced(results)
         # the batch's runs that finished, and child runs runs_cancel_children cancelled
         self._announcer.announce(advanced.wakeups, advanced.finished)
         for step, _, future in batch:
@@ -135,13 +141,12 @@ class Completer:
         the runs it ended. Written with retries; given up (the sweep recovers the
         step) when the database stays out of reach."""
         stmts, transaction = failure_stmts(step, failure)
-        rows = await self._write(stmts, transaction=transaction)
-        if rows is None:
+        results = await self._write(stmts, transaction=transaction)
+        if results is None:
             return
-        ended: set[int] = set()
-        if failure.discard and step.has_children:  # child runs runs_cancel_children ended
-            ended.update(row[1] for row in rows[-1])
-        if not rows[FAILURE_CAS[transaction]]:
+        # child runs runs_cancel_children ended (a discard of a run with child nodes)
+        ended = set(parse_advanced(results).finished)
+        if not failure_applied(failure, results):
             log.info("step %d (%s): stale failure ignored", step.id, step.kind)
         elif failure.discard:
             log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
@@ -159,7 +164,7 @@ class Completer:
             )
         self._announcer.announce(NO_WAKEUPS, ended)
 
-    async def _write(self, stmts: list[Stmt], *, transaction: bool) -> list[Any] | None:
+    async def _write(self, stmts: list[Stmt[Any]], *, transaction: bool) -> Results | None:
         """Run engine statements with retries; ``None`` if they could not be written."""
         for attempt in range(WRITE_RETRIES):
             try:

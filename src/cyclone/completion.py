@@ -205,7 +205,7 @@ class CompletionTx:
                     # The server's own process id and transaction start: behind any
                     # pooler the id a connection reports is the pooler's, and a server
                     # process outlives the transaction (the pooler lends it on).
-                    pid, started = fetch_sync(conn, Stmt(Q.steps_tx_backend))[0]
+                    (backend,) = fetch_sync(conn, Stmt(Q.steps_tx_backend))
                 except BaseException:
                     with contextlib.suppress(psycopg.Error):
                         block.__exit__(psycopg.Rollback, psycopg.Rollback(), None)
@@ -221,7 +221,7 @@ class CompletionTx:
                     self._slots.release()
                     raise LeaseLost("the step timed out: its completion transaction was ended")
                 self.sync_conn, self._sync_block = conn, block
-                self._backend = (pid, started)
+                self._backend = (backend.pid, backend.xact_start)
         return self.sync_conn
 
     async def end_from_engine(self, pool: AsyncConnectionPool[Any]) -> bool:
@@ -249,7 +249,7 @@ class CompletionTx:
             rows = await fetch_async(
                 conn, Stmt(Q.steps_end_tx_backend, {"pid": pid, "xact_start": started})
             )
-        return bool(rows and rows[0][0])
+        return bool(rows and rows[0].terminated)
 
     async def close_async(self, *, commit: bool) -> None:
         """Commit or roll back (no-op when not open); return the connection and slot.

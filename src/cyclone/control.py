@@ -11,15 +11,15 @@ and only differ in how they announce.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NoReturn, TypeVar
 
-from cyclone.dbio import Plan, Rows, Stmt, int_array
+from cyclone.dbio import Plan, Stmt, int_array
 from cyclone.errors import NotFoundError, StateError, ValidationError
 from cyclone.graph import parse_advanced, restore_stmt
 from cyclone.options import micros
 from cyclone.sql import Q
+from cyclone.sql.rows import GraphRow, IdRow, ResumedRow, RetryRow, StateRow
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
 
 __all__ = [
@@ -44,11 +44,11 @@ class Outcome(Generic[T]):
     finished: frozenset[int] = field(default_factory=frozenset)
 
 
-def _lock(run_id: int) -> Stmt:
+def _lock(run_id: int) -> Stmt[IdRow]:
     return Stmt(Q.runs_lock, {"run_ids": int_array([run_id])})
 
 
-def cancel_stmts(run_id: int) -> list[Stmt]:
+def cancel_stmts(run_id: int) -> list[Stmt[Any]]:
     """Cancel a run and its active steps: lock the run, then ``runs_cancel``."""
     return [_lock(run_id), Stmt(Q.runs_cancel, {"run_id": run_id})]
 
@@ -56,10 +56,10 @@ def cancel_stmts(run_id: int) -> list[Stmt]:
 def _refuse(run_id: int, why: str) -> Plan[NoReturn]:
     """Raise the error of an operator call that changed nothing: ``NotFoundError`` for
     no such run, else ``StateError`` with ``why`` formatted with the run's state."""
-    rows = yield Stmt(Q.runs_state, {"run_id": run_id})
+    rows: list[StateRow] = yield Stmt(Q.runs_state, {"run_id": run_id})
     if not rows:
         raise NotFoundError(f"run {run_id} does not exist")
-    raise StateError(why.format(run_id=run_id, state=rows[0][0]))
+    raise StateError(why.format(run_id=run_id, state=rows[0].state))
 
 
 def cancel_plan(run_id: int) -> Plan[Outcome[None]]:
@@ -101,18 +101,18 @@ def resume_plan(run_id: int) -> Plan[Outcome[None]]:
     """
     yield Stmt(Q.runs_read_committed)
     yield _lock(run_id)
-    rows = yield Stmt(Q.runs_resume, {"run_id": run_id})
+    rows: list[ResumedRow] = yield Stmt(Q.runs_resume, {"run_id": run_id})
     if not rows:
         yield from _refuse(run_id, "run {run_id} cannot be resumed: it is {state}, not paused")
-    restored = parse_advanced([(yield restore_stmt(run_id))])
-    return Outcome(None, restored.wakeups | Wakeups(fan_outs=bool(rows[0][1])))
+    restored = parse_advanced((yield restore_stmt(run_id)))
+    return Outcome(None, restored.wakeups | Wakeups(fan_outs=rows[0].fan_outs))
 
 
-def _retry_stmt(run_id: int, node: str | None, deadline: float | None) -> Stmt:
+def _retry_stmt(run_id: int, node: str | None, deadline: float | None) -> Stmt[RetryRow]:
     return Stmt(Q.runs_retry, {"run_id": run_id, "node": node, "deadline_us": micros(deadline)})
 
 
-def _retry_row(run_id: int, node: str | None, row: Sequence[Any]) -> tuple[int, bool]:
+def _retry_row(run_id: int, node: str | None, row: RetryRow) -> tuple[int, bool]:
     """Read the ``runs_retry`` row: the steps reset, and whether a fan-out was.
 
     Raises:
@@ -121,21 +121,20 @@ def _retry_row(run_id: int, node: str | None, row: Sequence[Any]) -> tuple[int, 
         StateError: the run is paused, a discarded step would stay behind, or there is
             nothing to retry.
     """
-    reset, fan_outs, run_state, blocked, node_found, _ = row
-    if run_state is None:
+    if row.run_state is None:
         raise NotFoundError(f"run {run_id} does not exist")
-    if not node_found:
+    if not row.node_found:
         raise ValidationError(f"run {run_id} has no node {node!r}")
-    if run_state == "paused":
+    if row.run_state == "paused":
         raise StateError(f"run {run_id} is paused: resume it, then retry")
-    if blocked:
+    if row.blocked:
         raise StateError(
-            f"run {run_id}: discarded node(s) {blocked} would stay behind; "
+            f"run {run_id}: discarded node(s) {row.blocked} would stay behind; "
             "retry them too (or the whole run)"
         )
-    if not reset:
+    if not row.steps_reset:
         raise StateError(f"run {run_id} has no discarded or cancelled step to retry")
-    return int(reset), bool(fan_outs)
+    return int(row.steps_reset), bool(row.fan_outs)
 
 
 def retry_plan(run_id: int, node: str | None, deadline: float | None) -> Plan[Outcome[int]]:
@@ -158,10 +157,10 @@ def retry_plan(run_id: int, node: str | None, deadline: float | None) -> Plan[Ou
     """
     yield Stmt(Q.runs_read_committed)
     yield _lock(run_id)
-    row = (yield _retry_stmt(run_id, node, deadline))[0]
+    row: RetryRow = (yield _retry_stmt(run_id, node, deadline))[0]
     reset, fan_outs = _retry_row(run_id, node, row)
-    restored: list[Rows] = [(yield restore_stmt(run_id))]
-    below = list(row[5] or ())
+    restored: list[GraphRow] = list((yield restore_stmt(run_id)))
+    below = list(row.child_runs or ())
     heapq.heapify(below)
     seen = {run_id}
     while below:
@@ -170,12 +169,12 @@ def retry_plan(run_id: int, node: str | None, deadline: float | None) -> Plan[Ou
             continue
         seen.add(child)
         yield _lock(child)
-        child_row = (yield _retry_stmt(child, None, None))[0]
-        if not child_row[0]:
+        child_row: RetryRow = (yield _retry_stmt(child, None, None))[0]
+        if not child_row.steps_reset:
             continue  # a child with nothing to retry (completed, paused) is left alone
-        reset += int(child_row[0])
-        fan_outs = fan_outs or bool(child_row[1])
-        restored.append((yield restore_stmt(child)))
-        for grandchild in child_row[5] or ():
+        reset += int(child_row.steps_reset)
+        fan_outs = fan_outs or bool(child_row.fan_outs)
+        restored.extend((yield restore_stmt(child)))
+        for grandchild in child_row.child_runs or ():
             heapq.heappush(below, grandchild)
     return Outcome(reset, parse_advanced(restored).wakeups | Wakeups(fan_outs=fan_outs))

@@ -24,23 +24,23 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, LiteralString, TypeVar
+from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import dict_row
+from psycopg.rows import RowMaker
+
+from cyclone.sql import Query
 
 __all__ = [
     "Plan",
-    "Rows",
+    "Results",
     "Stmt",
     "batch_async",
     "batch_sync",
     "fetch_async",
-    "fetch_dicts_async",
-    "fetch_dicts_sync",
     "fetch_sync",
     "int_array",
     "pin_search_path",
@@ -51,27 +51,106 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-Rows = list[tuple[Any, ...]]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
-class Stmt:
-    """One statement: its SQL (from ``cyclone.sql.Q``) and named parameters."""
+class Stmt(Generic[R]):
+    """One statement: a :class:`cyclone.sql.Query` (from ``cyclone.sql.Q``) and its
+    named parameters; run, it gives a ``list[R]``, rows of the query's declared type."""
 
-    sql: LiteralString
+    query: Query[R]
     params: Mapping[str, Any] | None = None
 
+    @property
+    def sql(self) -> LiteralString:
+        """The statement's text."""
+        return self.query.sql
 
-Plan = Generator[Stmt, Rows, T]
-"""A sequence of statements where each may depend on the rows of the one before."""
 
-_BEGIN_STMT = Stmt("BEGIN ISOLATION LEVEL READ COMMITTED")
+Plan = Generator[Stmt[Any], list[Any], T]
+"""A sequence of statements where each may depend on the rows of the one before: the
+generator yields a :class:`Stmt` and receives its rows (``rows: list[XRow] = yield
+Stmt(Q.x, ...)``), then returns its result."""
+
+
+class Results:
+    """The rows of each statement of a batch, found by statement rather than by place.
+
+    Args:
+        stmts: the statements of the batch, in order.
+        rows: the rows of each, aligned with ``stmts``.
+    """
+
+    __slots__ = ("_rows", "_stmts")
+
+    def __init__(self, stmts: Sequence[Stmt[Any]], rows: Sequence[list[Any]]) -> None:
+        self._stmts = stmts
+        self._rows = rows
+
+    def of(self, query: Query[R]) -> list[R]:
+        """The rows of the batch's statement of ``query`` (the first, if there are more).
+
+        Raises:
+            KeyError: the batch has no statement of ``query``.
+        """
+        for stmt, rows in zip(self._stmts, self._rows, strict=True):
+            if stmt.query.name == query.name:
+                return rows
+        raise KeyError(f"no {query.name} in this batch")
+
+    def has(self, query: Query[Any]) -> bool:
+        """Whether the batch has a statement of ``query``."""
+        return any(stmt.query.name == query.name for stmt in self._stmts)
+
+    def typed(self, row: type[R]) -> list[R]:
+        """The rows of every statement of the batch whose rows are ``row``, in order."""
+        return [
+            item
+            for stmt, rows in zip(self._stmts, self._rows, strict=True)
+            if stmt.query.row is row
+            for item in rows
+        ]
+
+
+def _row_factory(query: Query[R]) -> Callable[[Any], RowMaker[R]]:
+    """The psycopg row factory of ``query``'s rows (see :class:`cyclone.sql.Query`).
+
+    Raises (when the result arrives):
+        RuntimeError: the statement's columns are not the fields of its row type.
+    """
+
+    def factory(cursor: Any) -> RowMaker[R]:
+        names = tuple(column.name for column in cursor.description or ())
+        row: Any = query.row
+        fields = getattr(row, "_fields", None)
+        if fields is not None:
+            if names != fields:
+                raise RuntimeError(
+                    f"{query.name} returns the columns {names}, "
+                    f"its row type {row.__name__} has the fields {fields}"
+                )
+            make: RowMaker[R] = row._make
+            return make
+        if row is type(None):
+            return _no_row
+        from_row = row.from_row
+        return lambda values: from_row(dict(zip(names, values, strict=True)))
+
+    return factory
+
+
+def _no_row(values: Sequence[Any]) -> Any:
+    return None
+
+
+_BEGIN_STMT = Stmt(Query.plain("BEGIN ISOLATION LEVEL READ COMMITTED"))
 """Engine transactions are READ COMMITTED whatever the server's default: the DAG advance
 relies on each statement seeing what committed before the run row lock was granted."""
-_COMMIT_STMT = Stmt("COMMIT")
+_COMMIT_STMT = Stmt(Query.plain("COMMIT"))
 
-_SEARCH_PATH = "SELECT set_config('search_path', %(cyclone_search_path)s, true)"
-_PINNED: weakref.WeakKeyDictionary[Any, Stmt] = weakref.WeakKeyDictionary()
+_SEARCH_PATH = Query.plain("SELECT set_config('search_path', %(cyclone_search_path)s, true)")
+_PINNED: weakref.WeakKeyDictionary[Any, Stmt[None]] = weakref.WeakKeyDictionary()
 """Connections behind a transaction pooler, and the statement that sets their schema."""
 
 
@@ -90,11 +169,11 @@ def pin_search_path(
 
 
 def _layout(
-    stmts: Sequence[Stmt],
+    stmts: Sequence[Stmt[Any]],
     *,
     transaction: bool = False,
-    path: Stmt | None = None,
-) -> tuple[list[Stmt], list[int]]:
+    path: Stmt[None] | None = None,
+) -> tuple[list[Stmt[Any]], list[int]]:
     """The statements of one message, and where the results of ``stmts`` are in it.
 
     ``BEGIN`` / ``COMMIT`` around ``stmts`` with ``transaction`` (the ``COMMIT`` last:
@@ -102,7 +181,7 @@ def _layout(
     connection pinned by :func:`pin_search_path`), that statement at the start of the
     transaction (after a leading ``SET TRANSACTION``, which must come first).
     """
-    out: list[Stmt] = []
+    out: list[Stmt[Any]] = []
     where: list[int] = []
     pending = path
     if transaction:
@@ -118,58 +197,32 @@ def _layout(
     return out, where
 
 
-async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> Rows:
-    """Run one statement; its rows as tuples (empty for a statement with no result).
+async def fetch_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt[R]) -> list[R]:
+    """Run one statement; its rows, of the statement's row type (empty for a statement
+    with no result, or whose rows are not read).
 
-    Works on a connection in pipeline mode too (fetching forces the results), except a
+    Works on a connection in pipeline mode too (fetching forces the results), and on a
     connection pinned by :func:`pin_search_path` (its statements go as one script).
     """
     if conn in _PINNED:
-        return (await batch_async(conn, [stmt], transaction=False))[0]
-    cur = await conn.execute(stmt.sql, stmt.params)
-    try:
-        return await cur.fetchall()
-    except psycopg.ProgrammingError:  # the statement returns no rows
-        return []
+        return (await batch_async(conn, [stmt], transaction=False)).of(stmt.query)
+    async with conn.cursor(row_factory=_row_factory(stmt.query)) as cur:
+        await cur.execute(stmt.sql, stmt.params)
+        return await cur.fetchall() if _read(cur, stmt) else []
 
 
-def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> Rows:
+def fetch_sync(conn: psycopg.Connection[Any], stmt: Stmt[R]) -> list[R]:
     """The synchronous twin of :func:`fetch_async`."""
     if conn in _PINNED:
-        return batch_sync(conn, [stmt], transaction=False)[0]
-    cur = conn.execute(stmt.sql, stmt.params)
-    try:
-        return cur.fetchall()
-    except psycopg.ProgrammingError:  # the statement returns no rows
-        return []
-
-
-async def fetch_dicts_async(conn: psycopg.AsyncConnection[Any], stmt: Stmt) -> list[dict[str, Any]]:
-    """Run one statement; its rows as dicts keyed by column name."""
-    if conn in _PINNED:
-        stmts, (at,) = _layout([stmt], path=_PINNED[conn])
-        async with psycopg.AsyncClientCursor(conn, row_factory=dict_row) as cur:
-            await cur.execute(*script(stmts))
-            for _ in range(at):
-                cur.nextset()
-            return await cur.fetchall()
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(stmt.sql, stmt.params)
-        return await cur.fetchall()
-
-
-def fetch_dicts_sync(conn: psycopg.Connection[Any], stmt: Stmt) -> list[dict[str, Any]]:
-    """Run one statement; its rows as dicts keyed by column name."""
-    if conn in _PINNED:
-        stmts, (at,) = _layout([stmt], path=_PINNED[conn])
-        with psycopg.ClientCursor(conn, row_factory=dict_row) as cur:
-            cur.execute(*script(stmts))
-            for _ in range(at):
-                cur.nextset()
-            return cur.fetchall()
-    with conn.cursor(row_factory=dict_row) as cur:
+        return batch_sync(conn, [stmt], transaction=False).of(stmt.query)
+    with conn.cursor(row_factory=_row_factory(stmt.query)) as cur:
         cur.execute(stmt.sql, stmt.params)
-        return cur.fetchall()
+        return cur.fetchall() if _read(cur, stmt) else []
+
+
+def _read(cur: Any, stmt: Stmt[Any]) -> bool:
+    """Whether the current result of ``cur`` holds rows to read for ``stmt``."""
+    return cur.description is not None and stmt.query.row is not type(None)
 
 
 def int_array(values: Iterable[int], *, keep_order: bool = False) -> str:
@@ -193,7 +246,7 @@ def text_array(values: Iterable[str]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-def script(stmts: Sequence[Stmt]) -> tuple[LiteralString, dict[str, Any]]:
+def script(stmts: Sequence[Stmt[Any]]) -> tuple[LiteralString, dict[str, Any]]:
     """Join statements into one multi-statement query with one parameter mapping.
 
     Raises:
@@ -220,17 +273,17 @@ def _preparable(sql: str) -> bool:
 
 
 async def _pipeline_async(
-    conn: psycopg.AsyncConnection[Any], stmts: Sequence[Stmt], transaction: bool
-) -> list[Rows]:
+    conn: psycopg.AsyncConnection[Any], stmts: Sequence[Stmt[Any]], transaction: bool
+) -> list[list[Any]]:
     cursors: list[psycopg.AsyncCursor[Any]] = []
     try:
         async with conn.pipeline():
             if transaction:
                 await conn.execute(_BEGIN_STMT.sql, prepare=False)
             for stmt in stmts:
-                cursors.append(
-                    await conn.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql))
-                )
+                cur = conn.cursor(row_factory=_row_factory(stmt.query))
+                await cur.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql))
+                cursors.append(cur)
             if transaction:
                 await conn.execute(_COMMIT_STMT.sql, prepare=False)
     except BaseException:
@@ -238,19 +291,24 @@ async def _pipeline_async(
             with contextlib.suppress(psycopg.Error):
                 await conn.execute("ROLLBACK")
         raise
-    return [await cur.fetchall() if cur.description is not None else [] for cur in cursors]
+    return [
+        await cur.fetchall() if _read(cur, stmt) else []
+        for cur, stmt in zip(cursors, stmts, strict=True)
+    ]
 
 
 def _pipeline_sync(
-    conn: psycopg.Connection[Any], stmts: Sequence[Stmt], transaction: bool
-) -> list[Rows]:
+    conn: psycopg.Connection[Any], stmts: Sequence[Stmt[Any]], transaction: bool
+) -> list[list[Any]]:
     cursors: list[psycopg.Cursor[Any]] = []
     try:
         with conn.pipeline():
             if transaction:
                 conn.execute(_BEGIN_STMT.sql, prepare=False)
             for stmt in stmts:
-                cursors.append(conn.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql)))
+                cur = conn.cursor(row_factory=_row_factory(stmt.query))
+                cur.execute(stmt.sql, stmt.params, prepare=_preparable(stmt.sql))
+                cursors.append(cur)
             if transaction:
                 conn.execute(_COMMIT_STMT.sql, prepare=False)
     except BaseException:
@@ -258,16 +316,18 @@ def _pipeline_sync(
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
         raise
-    return [cur.fetchall() if cur.description is not None else [] for cur in cursors]
+    return [
+        cur.fetchall() if _read(cur, stmt) else [] for cur, stmt in zip(cursors, stmts, strict=True)
+    ]
 
 
 async def batch_async(
     conn: psycopg.AsyncConnection[Any],
-    stmts: Sequence[Stmt],
+    stmts: Sequence[Stmt[Any]],
     *,
     transaction: bool,
-) -> list[Rows]:
-    """Run statements in one round trip; the rows of each, in order.
+) -> Results:
+    """Run statements in one round trip; the rows of each (:class:`Results`).
 
     A pipeline of prepared statements, or one multi-statement query on a connection
     behind a transaction pooler (see the module's docstring). With ``transaction=True``
@@ -275,40 +335,45 @@ async def batch_async(
     and ``COMMIT`` (the last statement sent; a failed batch is rolled back). Without it
     they join the connection's current transaction (a caller's, or a completion
     transaction).
+
+    Raises:
+        RuntimeError: ``transaction=True`` on a connection not in autocommit mode.
     """
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
     if _prepared(conn):
-        return await _pipeline_async(conn, stmts, transaction)
+        return Results(stmts, await _pipeline_async(conn, stmts, transaction))
     wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
-    results: list[Rows] = []
+    results: list[list[Any]] = []
     async with psycopg.AsyncClientCursor(conn) as cur:
         await cur.execute(*script(wrapped))
-        for _ in wrapped:
-            results.append(await cur.fetchall() if cur.description is not None else [])
+        for stmt in wrapped:
+            cur.row_factory = _row_factory(stmt.query)
+            results.append(await cur.fetchall() if _read(cur, stmt) else [])
             cur.nextset()
-    return [results[i] for i in where]
+    return Results(stmts, [results[i] for i in where])
 
 
 def batch_sync(
     conn: psycopg.Connection[Any],
-    stmts: Sequence[Stmt],
+    stmts: Sequence[Stmt[Any]],
     *,
     transaction: bool,
-) -> list[Rows]:
+) -> Results:
     """The synchronous twin of :func:`batch_async`."""
     if transaction and not conn.autocommit:
         raise RuntimeError("a transactional batch needs an autocommit connection")
     if _prepared(conn):
-        return _pipeline_sync(conn, stmts, transaction)
+        return Results(stmts, _pipeline_sync(conn, stmts, transaction))
     wrapped, where = _layout(stmts, transaction=transaction, path=_PINNED.get(conn))
-    results: list[Rows] = []
+    results: list[list[Any]] = []
     with psycopg.ClientCursor(conn) as cur:
         cur.execute(*script(wrapped))
-        for _ in wrapped:
-            results.append(cur.fetchall() if cur.description is not None else [])
+        for stmt in wrapped:
+            cur.row_factory = _row_factory(stmt.query)
+            results.append(cur.fetchall() if _read(cur, stmt) else [])
             cur.nextset()
-    return [results[i] for i in where]
+    return Results(stmts, [results[i] for i in where])
 
 
 async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:

@@ -145,7 +145,7 @@ def run_sync_handler(
         assert tx.sync_conn is not None
         try:
             stmts = complete_stmts([(step, outcome.output)])
-            advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False)[1:])
+            advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False))
             if step.id not in advanced.done:
                 log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
                 return None

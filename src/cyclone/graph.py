@@ -16,12 +16,13 @@ scanner has something to do.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from cyclone.dbio import Rows, Stmt, int_array
+from cyclone.dbio import Results, Stmt, int_array
 from cyclone.sql import Q
+from cyclone.sql.rows import GraphRow
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Completion",
     "advance_stmts",
     "cancel_children_stmt",
+    "completion_params",
     "expand_stmt",
     "parse_advanced",
     "restore_stmt",
@@ -57,14 +59,6 @@ class Completion:
     fan_out: bool = True
     children: bool = True
 
-    def json(self) -> str:
-        """``[id, generation, owner, output, waiting]``, the element graph_advance reads."""
-        generation = "null" if self.generation is None else self.generation
-        owner = "null" if self.owner is None else json.dumps(self.owner)
-        output = "null" if self.output is None else self.output
-        waiting = "null" if self.waiting is None else json.dumps(self.waiting)
-        return f"[{self.step_id},{generation},{owner},{output},{waiting}]"
-
 
 @dataclass(frozen=True, slots=True)
 class Advanced:
@@ -76,13 +70,22 @@ class Advanced:
     wakeups: Wakeups = NO_WAKEUPS
 
 
-def completions_json(completions: Iterable[Completion]) -> str:
-    """The completions as the one JSON text parameter of ``graph_advance`` (and, for
-    held steps of standalone runs, ``steps_complete``)."""
-    return f"[{','.join(c.json() for c in completions)}]"
+def completion_params(completions: Sequence[Completion], prefix: str = "") -> dict[str, Any]:
+    """The completions as the aligned array parameters of ``graph_advance`` (``ids``,
+    ``generations``, ``owners``, ``outputs``, ``waiting``), or with ``prefix="job_"``
+    those of ``steps_complete`` for held steps of standalone runs (no ``waiting``)."""
+    params: dict[str, Any] = {
+        f"{prefix}ids": [c.step_id for c in completions],
+        f"{prefix}generations": [c.generation for c in completions],
+        f"{prefix}owners": [c.owner for c in completions],
+        f"{prefix}outputs": [c.output for c in completions],
+    }
+    if not prefix:
+        params["waiting"] = [c.waiting for c in completions]
+    return params
 
 
-def advance_stmts(completions: Sequence[Completion]) -> list[Stmt]:
+def advance_stmts(completions: Sequence[Completion]) -> list[Stmt[GraphRow]]:
     """The statements that complete ``completions`` and advance their runs, for a
     transaction that holds the runs' row locks (``runs_lock``, or SKIP LOCKED).
 
@@ -90,7 +93,7 @@ def advance_stmts(completions: Sequence[Completion]) -> list[Stmt]:
     nodes; then ``runs_cancel_children`` for runs that may have child nodes. Read all
     their results with :func:`parse_advanced`.
     """
-    stmts = [Stmt(Q.graph_advance, {"completions": completions_json(completions)})]
+    stmts = [Stmt(Q.graph_advance, completion_params(completions))]
     fan_out_runs = {c.run_id for c in completions if c.fan_out}
     if fan_out_runs:
         stmts.append(expand_stmt(fan_out_runs))
@@ -100,46 +103,48 @@ def advance_stmts(completions: Sequence[Completion]) -> list[Stmt]:
     return stmts
 
 
-def expand_stmt(run_ids: Iterable[int]) -> Stmt:
+def expand_stmt(run_ids: Iterable[int]) -> Stmt[GraphRow]:
     """Insert the item tasks of fan-out nodes of ``run_ids`` reached by the completions
     before it in the transaction (``graph_expand_fan_outs``)."""
     return Stmt(Q.graph_expand_fan_outs, {"fan_out_runs": int_array(run_ids)})
 
 
-def cancel_children_stmt(run_ids: Iterable[int]) -> Stmt:
+def cancel_children_stmt(run_ids: Iterable[int]) -> Stmt[GraphRow]:
     """Cancel the active child runs (and all active below them) of ``run_ids``, locked
     runs that ended, or whose child node ended, in this transaction
     (``runs_cancel_children``); :func:`parse_advanced` reads its rows as finished runs."""
     return Stmt(Q.runs_cancel_children, {"ended_runs": int_array(run_ids)})
 
 
-def restore_stmt(run_id: int) -> Stmt:
+def restore_stmt(run_id: int) -> Stmt[GraphRow]:
     """Reach again the pending steps of ``run_id`` whose parents all completed
     (``graph_restore``), after resume or retry put them back to pending."""
     return Stmt(Q.graph_restore, {"run_id": run_id})
 
 
-def parse_advanced(results: Iterable[Rows]) -> Advanced:
-    """Read the results of statements that return graph rows: ``steps_complete``,
-    ``graph_advance``, ``graph_expand_fan_outs``, ``graph_restore`` and
-    ``runs_cancel_children``, all of the shape ``(id, run_id, run_finished, queues,
-    signals, children, fan_outs)`` (a row with no id moved no step of its own)."""
+def parse_advanced(results: Results | Iterable[GraphRow]) -> Advanced:
+    """Read what statements of the run graph did: ``steps_complete``, ``graph_advance``,
+    ``graph_expand_fan_outs``, ``graph_restore`` and ``runs_cancel_children``, whose
+    rows are all :class:`GraphRow` (a row with no id moved no step of its own).
+
+    ``results`` is a batch's :class:`Results` (its graph rows are read, whatever else
+    it holds) or the rows themselves.
+    """
+    rows = results.typed(GraphRow) if isinstance(results, Results) else results
     done: set[int] = set()
     finished: set[int] = set()
     queues: set[str] = set()
     signals = children = fan_outs = False
-    for rows in results:
-        for row in rows:
-            step_id, run_id, run_finished, woken, signal, child, fan_out = row
-            if step_id is not None:
-                done.add(step_id)
-            if run_finished:
-                finished.add(run_id)
-            if woken:
-                queues.update(woken)
-            signals |= signal
-            children |= child
-            fan_outs |= fan_out
+    for row in rows:
+        if row.id is not None:
+            done.add(row.id)
+        if row.run_finished:
+            finished.add(row.run_id)
+        if row.queues:
+            queues.update(row.queues)
+        signals |= row.signals
+        children |= row.children
+        fan_outs |= row.fan_outs
     return Advanced(
         frozenset(done),
         frozenset(finished),

@@ -12,15 +12,15 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypedDict, Unpack
 
 from cyclone.errors import ValidationError
 from cyclone.options import Duration, JobOptions, check_kind
 from cyclone.payloads import Codec, codec_for
 from cyclone.retry import DEFAULT_RETRY, RetryPolicy
 
-__all__ = ["Handler", "action", "step"]
+__all__ = ["Handler", "KindOptions", "action", "step"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -84,54 +84,6 @@ def _input_annotation(fn: Callable[..., Any]) -> Any:
     return hints.get(positional[1].name) if len(positional) > 1 else None
 
 
-def _make(
-    kind: str,
-    has_output: bool,
-    *,
-    queue: str,
-    priority: int,
-    max_attempts: int,
-    timeout: Duration | None,
-    retention: Duration | None,
-    retry: RetryPolicy | None,
-    no_retry: Iterable[type[BaseException]],
-) -> Callable[[Callable[..., Any]], Handler]:
-    check_kind(kind)
-    if kind.startswith("@"):
-        raise ValidationError(f"kind names starting with '@' are the engine's, got {kind!r}")
-    options = JobOptions.build(
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        timeout=timeout,
-        retention=retention,
-    )
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise ValidationError(f"retry must be a cyclone.RetryPolicy, got {retry!r}")
-    errors = tuple(no_retry)
-    for cls in errors:
-        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-            raise ValidationError(f"no_retry must list exception classes, got {cls!r}")
-
-    def decorate(fn: Callable[..., Any]) -> Handler:
-        if isinstance(fn, Handler):
-            raise ValidationError(f"{fn!r} is already a kind")
-        if not callable(fn):
-            raise ValidationError(f"a kind needs a function, got {fn!r}")
-        return Handler(
-            kind=kind,
-            fn=fn,
-            has_output=has_output,
-            is_async=_is_async(fn),
-            options=options,
-            retry=retry or DEFAULT_RETRY,
-            no_retry=errors,
-            codec=codec_for(_input_annotation(fn)),
-        )
-
-    return decorate
-
-
 def step(
     kind: str,
     *,
@@ -163,42 +115,62 @@ def step(
         ValidationError: a bad kind name or option, or a function that does not take
             ``(ctx, inp)``.
     """
-    return _make(
-        kind,
-        True,
+    check_kind(kind)
+    if kind.startswith("@"):
+        raise ValidationError(f"kind names starting with '@' are the engine's, got {kind!r}")
+    options = JobOptions.build(
         queue=queue,
         priority=priority,
         max_attempts=max_attempts,
         timeout=timeout,
         retention=retention,
-        retry=retry,
-        no_retry=no_retry,
     )
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ValidationError(f"retry must be a cyclone.RetryPolicy, got {retry!r}")
+    errors = tuple(no_retry)
+    for cls in errors:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise ValidationError(f"no_retry must list exception classes, got {cls!r}")
+
+    def decorate(fn: Callable[..., Any]) -> Handler:
+        if isinstance(fn, Handler):
+            raise ValidationError(f"{fn!r} is already a kind")
+        if not callable(fn):
+            raise ValidationError(f"a kind needs a function, got {fn!r}")
+        return Handler(
+            kind=kind,
+            fn=fn,
+            has_output=True,
+            is_async=_is_async(fn),
+            options=options,
+            retry=retry or DEFAULT_RETRY,
+            no_retry=errors,
+            codec=codec_for(_input_annotation(fn)),
+        )
+
+    return decorate
 
 
-def action(
-    kind: str,
-    *,
-    queue: str = "default",
-    priority: int = 0,
-    max_attempts: int = 5,
-    timeout: Duration | None = None,
-    retention: Duration | None = None,
-    retry: RetryPolicy | None = None,
-    no_retry: Iterable[type[BaseException]] = (),
-) -> Callable[[Callable[..., Any]], Handler]:
+class KindOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`step` and :func:`action` after the kind."""
+
+    queue: str
+    priority: int
+    max_attempts: int
+    timeout: Duration | None
+    retention: Duration | None
+    retry: RetryPolicy | None
+    no_retry: Iterable[type[BaseException]]
+
+
+def action(kind: str, **options: Unpack[KindOptions]) -> Callable[[Callable[..., Any]], Handler]:
     """Declare a kind whose handler has no output (its return value is ignored).
 
     Takes the same arguments as :func:`step` and raises the same errors.
     """
-    return _make(
-        kind,
-        False,
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        timeout=timeout,
-        retention=retention,
-        retry=retry,
-        no_retry=no_retry,
-    )
+    declare = step(kind, **options)
+
+    def decorate(fn: Callable[..., Any]) -> Handler:
+        return replace(declare(fn), has_output=False)
+
+    return decorate

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -21,8 +21,8 @@ __all__ = [
     "InputError",
     "OutputCache",
     "assemble",
+    "bindings_of",
     "needed",
-    "parse_bindings",
 ]
 
 MAX_CACHE_ENTRIES = 10_000
@@ -99,15 +99,15 @@ def needed(
     return [(run_id, node) for node, _ in bindings or ()]
 
 
-def parse_bindings(raw: Iterable[str] | None) -> tuple[tuple[str, str], ...] | None:
-    """``steps_claim``'s ``"dep_node:assembly_mode"`` texts as pairs, in slot order."""
-    if not raw:
+def bindings_of(
+    nodes: Sequence[str] | None, modes: Sequence[str] | None
+) -> tuple[tuple[str, str], ...] | None:
+    """A step's input bindings as ``(upstream node, assembly mode)`` pairs in slot order,
+    from the two aligned arrays ``steps_claim`` returns (``None`` for a step without
+    any)."""
+    if not nodes or not modes:
         return None
-    pairs = []
-    for item in raw:
-        node, _, mode = item.rpartition(":")
-        pairs.append((node, mode))
-    return tuple(pairs)
+    return tuple(zip(nodes, modes, strict=True))
 
 
 def assemble(

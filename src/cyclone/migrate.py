@@ -106,7 +106,7 @@ def migrate(
                 if not missing:
                     break
                 conn.execute(missing[0].text)
-                conn.execute(Q.migrate_record, {"version": missing[0].version})
+                conn.execute(Q.migrate_record.sql, {"version": missing[0].version})
             applied.append(missing[0].version)
             log.info("applied migration %04d_%s", missing[0].version, missing[0].name)
     return applied
@@ -115,11 +115,11 @@ def migrate(
 def _lock_and_read(conn: psycopg.Connection[Any], schema: str) -> set[int]:
     """In the migration transaction: take the lock, make sure the schema and the version
     table exist, point ``search_path`` at the schema; the versions applied so far."""
-    conn.execute(Q.migrate_lock, {"schema": schema})
+    conn.execute(Q.migrate_lock.sql, {"schema": schema})
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     conn.execute(_LOCAL_PATH, {"schema": schema})
-    conn.execute(Q.migrate_version_table)
-    return {row[0] for row in conn.execute(Q.migrate_applied).fetchall()}
+    conn.execute(Q.migrate_version_table.sql)
+    return {row.version for row in fetch_sync(conn, Stmt(Q.migrate_applied))}
 
 
 _LOCAL_PATH: LiteralString = "SELECT set_config('search_path', %(schema)s, true)"
@@ -166,7 +166,7 @@ def check_schema(
             rows = fetch_sync(conn, Stmt(Q.migrate_current))
         except psycopg.errors.UndefinedTable:
             rows = []
-    _judge(rows[0][0] if rows else None, schema)
+    _judge(rows[0].version if rows else None, schema)
 
 
 async def check_schema_async(
@@ -187,7 +187,7 @@ async def check_schema_async(
             rows = await fetch_async(conn, Stmt(Q.migrate_current))
         except psycopg.errors.UndefinedTable:
             rows = []
-    _judge(rows[0][0] if rows else None, schema)
+    _judge(rows[0].version if rows else None, schema)
 
 
 async def migrate_async(

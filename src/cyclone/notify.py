@@ -60,7 +60,7 @@ def available_payload(queue: str) -> str:
     return json.dumps({"queue": queue}, separators=(",", ":"))
 
 
-def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt | None:
+def wakeup_statement(queues: Iterable[str], run_ids: Iterable[int]) -> Stmt[None] | None:
     """One ``notify_publish`` statement for the given queues and finished runs.
 
     Returns ``None`` when there is nothing to announce. Run ids are packed into as few
@@ -350,7 +350,7 @@ class Listener:
         conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         try:
             if self._available:
-                await conn.execute(Q.notify_listen)
+                await conn.execute(Q.notify_listen.sql)
                 self.channels = frozenset({AVAILABLE})
             await self._match(conn, announce=False)
             self.connected.set()
@@ -390,13 +390,13 @@ class Listener:
         while True:
             listening = RUN_DONE in self.channels
             if self._wanted and not listening:
-                await conn.execute(Q.notify_listen_done)
+                await conn.execute(Q.notify_listen_done.sql)
                 self.channels |= {RUN_DONE}
                 if announce:
                     self._on_run_done_listen()
             elif not self._wanted and listening and loop.time() >= self._unwanted_at + self._linger:
                 self.channels -= {RUN_DONE}
-                await conn.execute(Q.notify_unlisten_done)
+                await conn.execute(Q.notify_unlisten_done.sql)
             else:
                 return
 

@@ -28,6 +28,7 @@ from cyclone.options import (
 from cyclone.payloads import encode_json
 from cyclone.records import Enqueued
 from cyclone.sql import Q
+from cyclone.sql.rows import EnqueuedRow, KeyedEnqueuedRow, SubmitKeyRow, WokenEnqueuedRow
 
 __all__ = [
     "EnqueueOptions",
@@ -273,18 +274,16 @@ def enqueue_plan(request: EnqueueRequest) -> Plan[Enqueued]:
         handles = yield from keyed_plan(request)
         return handles[0]
     if request.unique_key is None:
-        rows = yield enqueue_stmt(request)
-        return enqueued_from_rows(rows)[0]
+        return enqueued_from_rows((yield enqueue_stmt(request)))[0]
     for _ in range(_UNIQUE_RETRIES):
-        rows = yield Stmt(Q.steps_enqueue, request.params)
+        rows: list[EnqueuedRow] = yield Stmt(Q.steps_enqueue, request.params)
         if rows:
-            return Enqueued(run_id=rows[0][1], step_id=rows[0][0])
+            return enqueued_from_rows(rows)[0]
         rows = yield Stmt(
             Q.steps_find_unique, {"kind": request.kind, "unique_key": request.unique_key}
         )
         if rows:
-            step_id, run_id = rows[0]
-            return Enqueued(run_id=run_id, step_id=step_id, duplicate=True)
+            return Enqueued(run_id=rows[0].run_id, step_id=rows[0].step_id, duplicate=True)
     raise StateError(f"unique_key {request.unique_key!r} of kind {request.kind!r} kept changing")
 
 
@@ -325,23 +324,25 @@ def keyed_plan(request: EnqueueRequest) -> Plan[list[Enqueued]]:
             "inputs": [inputs[i] for i in todo],
             "submit_keys": [keys[i] for i in todo],
         }
-        for ord_, step_id, run_id in (yield Stmt(Q.steps_enqueue_keyed, params)):
-            handles[todo[ord_ - 1]] = Enqueued(run_id=run_id, step_id=step_id)
+        inserted: list[KeyedEnqueuedRow] = yield Stmt(Q.steps_enqueue_keyed, params)
+        for row in inserted:
+            handles[todo[row.ord - 1]] = Enqueued(run_id=row.run_id, step_id=row.step_id)
         taken = [i for i in todo if handles[i] is None]  # each has a key: NULL always inserts
         if not taken:
             break
         lookup = {"kind": request.kind, "submit_keys": [keys[i] for i in taken]}
-        found = {row[0]: row[1:] for row in (yield Stmt(Q.steps_find_submit_keys, lookup))}
+        holders: list[SubmitKeyRow] = yield Stmt(Q.steps_find_submit_keys, lookup)
+        found: dict[str | None, SubmitKeyRow] = {row.submit_key: row for row in holders}
         for i in taken:
             if keys[i] not in found:
                 continue
-            step_id, run_id, def_version = found[keys[i]]
-            if step_id is None:
+            holder = found[keys[i]]
+            if holder.step_id is None:
                 raise StateError(
-                    f"submit_key {keys[i]!r} is held by run {run_id}, a run of workflow "
-                    f"{request.kind!r} ({def_version}), not a job of that kind"
+                    f"submit_key {keys[i]!r} is held by run {holder.run_id}, a run of "
+                    f"workflow {request.kind!r} ({holder.def_version}), not a job of that kind"
                 )
-            handles[i] = Enqueued(run_id=run_id, step_id=step_id, duplicate=True)
+            handles[i] = Enqueued(run_id=holder.run_id, step_id=holder.step_id, duplicate=True)
         todo = [i for i in taken if handles[i] is None]
         if not todo:
             break
@@ -352,20 +353,20 @@ def keyed_plan(request: EnqueueRequest) -> Plan[list[Enqueued]]:
     return [handle for handle in handles if handle is not None]
 
 
-def enqueue_stmt(request: EnqueueRequest) -> Stmt:
+def enqueue_stmt(request: EnqueueRequest) -> Stmt[EnqueuedRow]:
     """The one statement of an enqueue without keys (it always inserts)."""
     return Stmt(Q.steps_enqueue, request.params)
 
 
-def enqueue_many_stmt(request: EnqueueRequest) -> Stmt:
+def enqueue_many_stmt(request: EnqueueRequest) -> Stmt[EnqueuedRow]:
     """The one statement that inserts every run of a ``many`` request without keys."""
     params = {k: v for k, v in request.params.items() if k != "inputs"}
     params["inputs_json"] = "[" + ",".join(request.params["inputs"]) + "]"
     return Stmt(Q.steps_enqueue_many, params)
 
 
-def enqueued_from_rows(rows: Sequence[tuple[Any, ...]]) -> list[Enqueued]:
-    """``Enqueued`` handles from ``(step_id, run_id)`` rows of ``steps_enqueue`` or
-    ``steps_enqueue_many``, in input order (the order of their run ids)."""
-    ordered = sorted(rows, key=lambda row: row[1]) if len(rows) > 1 else rows
-    return [Enqueued(run_id=row[1], step_id=row[0]) for row in ordered]
+def enqueued_from_rows(rows: Sequence[EnqueuedRow | WokenEnqueuedRow]) -> list[Enqueued]:
+    """``Enqueued`` handles from rows of ``steps_enqueue`` or ``steps_enqueue_many``, in
+    input order (the order of their run ids)."""
+    ordered = sorted(rows, key=lambda row: row.run_id) if len(rows) > 1 else rows
+    return [Enqueued(run_id=row.run_id, step_id=row.step_id) for row in ordered]

@@ -1,8 +1,10 @@
-"""The records producer and inspection calls return: ``Enqueued``, ``Run``, ``Step``,
-``Schedule``.
+"""The records producer and inspection calls return: ``Enqueued``, ``Submitted``,
+``Run``, ``Step``, ``Schedule``, and the monitor's ``StepInfo``, ``QueueStats`` and
+``KindStats``.
 
-All are frozen dataclasses built from rows of ``runs_get``, ``runs_list`` and
-``steps_list`` (python-api.md, Client). Timestamps are aware datetimes from the
+All are frozen dataclasses; those read from the database are the declared row types of
+their statements (``runs_get``, ``steps_list``, ``monitor_queues`` ...), built by
+``from_row`` from a row keyed by column name. Timestamps are aware datetimes from the
 database clock, in UTC whatever the session's time zone (see :func:`utc_times`);
 durations are seconds.
 """
@@ -18,10 +20,13 @@ from cyclone.states import RunState, StepState
 
 __all__ = [
     "Enqueued",
+    "KindStats",
+    "QueueStats",
     "Run",
     "RunRef",
     "Schedule",
     "Step",
+    "StepInfo",
     "Submitted",
     "run_id_of",
     "utc_times",
@@ -128,16 +133,9 @@ class Run:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    """A step (``cyclone_steps``) as ``list_steps`` returns it.
-
-    ``timeout`` and ``retention`` are seconds or ``None``; ``input`` is the resolved
-    input: the constant or the run's input; for a data edge (``input_from``) the
-    upstream output once it exists; ``None`` for a fan-in node (``inputs=``), whose
-    input is assembled from its upstream steps' outputs when it is claimed.
-    """
-
-    __module__ = "cyclone"
+class _StepCore:
+    """What a step record always shows: what the step is, where, its attempts, its last
+    failure, its lease and its times (shared by :class:`Step` and :class:`StepInfo`)."""
 
     id: int
     run_id: int
@@ -146,8 +144,6 @@ class Step:
     state: StepState
     queue: str
     priority: int
-    input: Any
-    output: Any
     attempt: int
     max_attempts: int
     error: str | None
@@ -156,12 +152,36 @@ class Step:
     reclaims: int
     lease_owner: str | None
     lease_expiry: datetime | None
-    lease_generation: int
     heartbeat_at: datetime | None
     scheduled_at: datetime
     created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Step(_StepCore):
+    """A step (``cyclone_steps``) as ``list_steps`` returns it.
+
+    Attributes:
+        id, run_id, node, kind, state, queue, priority: what the step is and where.
+        input: the resolved input: the constant or the run's input; for a data edge
+            (``input_from``) the upstream output once it exists; ``None`` for a fan-in
+            node (``inputs=``), whose input is assembled when it is claimed.
+        output: the output once completed.
+        attempt, max_attempts, reclaims: attempts used, allowed, and crash reclaims.
+        error, error_kind, panic_stack: the last failure, if any.
+        lease_owner, lease_expiry, lease_generation, heartbeat_at: the lease.
+        scheduled_at, created_at, started_at, completed_at: timestamps.
+        unique_key, sequence_key: the enqueue's keys.
+        timeout, retention: seconds or ``None``.
+    """
+
+    __module__ = "cyclone"
+
+    input: Any
+    output: Any
+    lease_generation: int
     unique_key: str | None
     sequence_key: str | None
     timeout: float | None
@@ -175,6 +195,95 @@ class Step:
         values["timeout"] = values.pop("timeout_s")
         values["retention"] = values.pop("retention_s")
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo(_StepCore):
+    """A step as the monitoring view ``cyclone_v_steps`` shows it.
+
+    Attributes:
+        id, run_id, node, kind, state, queue, priority: what the step is and where.
+        attempt, max_attempts, reclaims: attempts used, allowed, and crash reclaims.
+        error, error_kind, panic_stack: the last failure, if any.
+        lease_owner, lease_expiry, lease_expired, heartbeat_at: the lease of a
+            running step; ``lease_expired`` is true once a running step's lease ran out.
+        signal_name: the signal a wait node waits for.
+        item_of, item_index: for an item task of a fan-out, its fan-out node and place.
+        scheduled_at, created_at, started_at, completed_at: timestamps.
+        child_run_id: for a child node, the child run once started.
+    """
+
+    lease_expired: bool
+    signal_name: str | None
+    item_of: str | None
+    item_index: int | None
+    child_run_id: int | None
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to completion, once both are known."""
+        if self.started_at is None or self.completed_at is None:
+            return None
+        return (self.completed_at - self.started_at).total_seconds()
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StepInfo:
+        """Build from a ``monitor_steps`` row."""
+        return cls(**{**utc_times(row), "state": StepState(row["state"])})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The unfinished work of one queue (``cyclone_v_queues``).
+
+    Attributes:
+        queue: the queue name.
+        available: steps waiting to be claimed (scheduled ones included).
+        running: steps held under a lease.
+        waiting: steps waiting for a signal, a timer or a child run.
+        oldest_available_age: seconds since the oldest claimable step became due;
+            ``None`` when nothing is claimable now.
+        expired_leases: running steps whose lease has expired (the sweep reclaims them).
+    """
+
+    __module__ = "cyclone"
+
+    queue: str
+    available: int
+    running: int
+    waiting: int
+    oldest_available_age: float | None
+    expired_leases: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QueueStats:
+        """Build from a ``monitor_queues`` row."""
+        return cls(**row)
+
+
+@dataclass(frozen=True, slots=True)
+class KindStats:
+    """The steps of one kind in one state (``cyclone_v_kinds``).
+
+    Attributes:
+        kind: the kind name.
+        state: a :class:`StepState`.
+        count: how many steps of the kind are in that state.
+        oldest_available_age: for ``available``, seconds since the oldest claimable
+            step became due; otherwise ``None``.
+        expired_leases: for ``running``, steps whose lease has expired.
+    """
+
+    kind: str
+    state: StepState
+    count: int
+    oldest_available_age: float | None
+    expired_leases: int
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> KindStats:
+        """Build from a ``monitor_kinds`` row."""
+        return cls(**{**row, "state": StepState(row["state"])})
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from cyclone.monitor import KindStats, QueueStats, StepInfo
-from cyclone.records import Run, Schedule
+from cyclone.records import KindStats, QueueStats, Run, Schedule, StepInfo
 
 __all__ = [
     "ITEMS_SHOWN",

@@ -39,6 +39,7 @@ from cyclone.handlers import Handler
 from cyclone.options import JobOptions, check_text, micros
 from cyclone.payloads import encode_json
 from cyclone.sql import Q
+from cyclone.sql.rows import LockedScheduleRow, NowRow
 
 __all__ = [
     "MACROS",
@@ -418,10 +419,9 @@ def create_plan(spec: ScheduleSpec) -> Plan[None]:
     Raises:
         ValidationError: a schedule with that id exists (nothing is written).
     """
-    rows = yield Stmt(Q.schedules_now)
-    first = next_slot(spec.cron, spec.location, rows[0][0])
-    rows = yield Stmt(Q.schedules_insert, spec.params(first))
-    if not rows:
+    clock: list[NowRow] = yield Stmt(Q.schedules_now)
+    first = next_slot(spec.cron, spec.location, clock[0].now)
+    if not (yield Stmt(Q.schedules_insert, spec.params(first))):
         raise ValidationError(f"schedule {spec.id!r} already exists")
 
 
@@ -435,15 +435,14 @@ def update_plan(schedule_id: str, rebuild: Callable[[dict[str, Any]], ScheduleSp
         NotFoundError: no schedule has that id.
         ValidationError: from ``rebuild``; nothing is written.
     """
-    rows = yield Stmt(Q.schedules_lock, {"id": schedule_id})
+    rows: list[LockedScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
     if not rows:
         raise NotFoundError(f"schedule {schedule_id!r} does not exist")
     (row,) = rows
-    current = dict(zip(_LOCK_COLUMNS, row, strict=True))
-    spec = rebuild(current)
-    next_run_at: datetime = current["next_run_at"]
-    if (spec.cron, spec.location) != (current["cron_spec"], current["location"]):
-        next_run_at = next_slot(spec.cron, spec.location, current["now"])
+    spec = rebuild(row._asdict())
+    next_run_at = row.next_run_at
+    if (spec.cron, spec.location) != (row.cron_spec, row.location):
+        next_run_at = next_slot(spec.cron, spec.location, row.now)
     yield Stmt(Q.schedules_replace, spec.params(next_run_at))
 
 
@@ -456,37 +455,18 @@ def set_enabled_plan(schedule_id: str, enabled: bool) -> Plan[None]:
     Raises:
         NotFoundError: no schedule has that id.
     """
-    rows = yield Stmt(Q.schedules_lock, {"id": schedule_id})
+    rows: list[LockedScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
     if not rows:
         raise NotFoundError(f"schedule {schedule_id!r} does not exist")
-    current = dict(zip(_LOCK_COLUMNS, rows[0], strict=True))
-    if current["enabled"] == enabled:
+    (current,) = rows
+    if current.enabled == enabled:
         return  # nothing changes: a due slot of an enabled schedule stays due
     # instants, not the session zone's wall clocks (see fire_plan)
-    upcoming = _instant(current["next_run_at"], "next_run_at")
-    now = _instant(current["now"], "now")
+    upcoming = _instant(current.next_run_at, "next_run_at")
+    now = _instant(current.now, "now")
     if enabled and upcoming <= now:
-        upcoming = next_slot(current["cron_spec"], current["location"], now)
+        upcoming = next_slot(current.cron_spec, current.location, now)
     yield Stmt(
         Q.schedules_set_enabled,
         {"id": schedule_id, "enabled": enabled, "next_run_at": upcoming},
     )
-
-
-_LOCK_COLUMNS = (
-    "id",
-    "kind",
-    "def_version",
-    "input",
-    "cron_spec",
-    "location",
-    "next_run_at",
-    "queue",
-    "priority",
-    "max_attempts",
-    "timeout_s",
-    "retention_s",
-    "enabled",
-    "now",
-)
-"""The columns of ``schedules_lock``, in order."""

@@ -21,10 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Plan, Rows, Stmt, int_array
+from cyclone.dbio import Plan, Stmt, int_array
 from cyclone.errors import NotFoundError, ValidationError
 from cyclone.graph import Completion, advance_stmts, parse_advanced
 from cyclone.sql import Q
+from cyclone.sql.rows import GraphRow, RunStateRow, SignalRow, WaitRow
 from cyclone.states import TERMINAL_STEP_STATES, RunState, StepState
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
 
@@ -49,16 +50,16 @@ class SignalWait:
         return self.wait_count or 1
 
     @classmethod
-    def from_row(cls, row: Sequence[Any]) -> SignalWait:
-        step_id, run_id, node, state, name, names, wait_count = row
+    def from_row(cls, row: WaitRow) -> SignalWait:
+        """Build from a ``signals_waits`` row."""
         return cls(
-            id=step_id,
-            run_id=run_id,
-            node=node,
-            state=state,
-            names=tuple(names) if names else (name,),
-            wait_count=wait_count,
-            any_of=names is not None,
+            id=row.id,
+            run_id=row.run_id,
+            node=row.node,
+            state=row.state,
+            names=tuple(row.signal_names) if row.signal_names else (row.signal_name or "",),
+            wait_count=row.wait_count,
+            any_of=row.signal_names is not None,
         )
 
 
@@ -71,23 +72,21 @@ class Settled:
     completed: int = 0
 
 
-def satisfied(
-    wait: SignalWait, mailbox: Sequence[tuple[int, str, Any]]
-) -> tuple[list[int], str] | None:
-    """If ``wait`` can complete from ``mailbox`` (``(id, name, payload)`` rows of its run,
-    unconsumed, in delivery order): the ids it consumes and its output as JSON text."""
+def satisfied(wait: SignalWait, mailbox: Sequence[SignalRow]) -> tuple[list[int], str] | None:
+    """If ``wait`` can complete from ``mailbox`` (the unconsumed signals of its run, in
+    delivery order): the ids it consumes and its output as JSON text."""
     if wait.state != StepState.WAITING_SIGNAL:
         return None
-    mine = [row for row in mailbox if row[1] in wait.names][: wait.capacity]
+    mine = [row for row in mailbox if row.name in wait.names][: wait.capacity]
     if len(mine) < wait.capacity:
         return None
     if wait.any_of:
-        output: Any = {"name": mine[0][1], "payload": mine[0][2]}
+        output: Any = {"name": mine[0].name, "payload": mine[0].payload}
     elif wait.wait_count is None:
-        output = mine[0][2]
+        output = mine[0].payload
     else:
-        output = [row[2] for row in mine]
-    return [row[0] for row in mine], json.dumps(output, separators=(",", ":"))
+        output = [row.payload for row in mine]
+    return [row.id for row in mine], json.dumps(output, separators=(",", ":"))
 
 
 def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
@@ -95,14 +94,15 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
     satisfies, in the current transaction; a run that completes cancels its active child
     runs (``Settled.finished`` holds them too)."""
     ids = int_array(run_ids)
-    waits = [SignalWait.from_row(r) for r in (yield Stmt(Q.signals_waits, {"run_ids": ids}))]
-    rows = yield Stmt(Q.signals_unconsumed, {"run_ids": ids})
+    wait_rows: list[WaitRow] = yield Stmt(Q.signals_waits, {"run_ids": ids})
+    waits = [SignalWait.from_row(row) for row in wait_rows]
+    signals: list[SignalRow] = yield Stmt(Q.signals_unconsumed, {"run_ids": ids})
     consumed: list[tuple[int, str]] = []
     items: list[Completion] = []
     for wait in waits:
-        mailbox = [(r[0], r[2], r[3]) for r in rows if r[1] == wait.run_id]
         taken = {i for i, _ in consumed}
-        decision = satisfied(wait, [m for m in mailbox if m[0] not in taken])
+        mailbox = [s for s in signals if s.run_id == wait.run_id and s.id not in taken]
+        decision = satisfied(wait, mailbox)
         if decision is None:
             continue
         signal_ids, output = decision
@@ -116,10 +116,10 @@ def settle_plan(run_ids: Sequence[int]) -> Plan[Settled]:
         Q.signals_consume,
         {"ids": [i for i, _ in consumed], "nodes": [n for _, n in consumed]},
     )
-    results: list[Rows] = []
+    rows: list[GraphRow] = []
     for stmt in advance_stmts(items):  # a run that completes cancels its child runs
-        results.append((yield stmt))
-    advanced = parse_advanced(results)
+        rows.extend((yield stmt))
+    advanced = parse_advanced(rows)
     return Settled(advanced.finished, advanced.wakeups, len(advanced.done))
 
 
@@ -133,14 +133,12 @@ def signal_plan(run_id: int, name: str, payload: str) -> Plan[tuple[bool, Settle
         ValidationError: no wait node of the run declares ``name``.
     """
     yield Stmt(Q.runs_read_committed)  # a caller's pool may default to another level
-    rows = yield Stmt(Q.signals_run_lock, {"run_id": run_id})
-    if not rows:
+    runs: list[RunStateRow] = yield Stmt(Q.signals_run_lock, {"run_id": run_id})
+    if not runs:
         raise NotFoundError(f"run {run_id} does not exist")
-    run_state = rows[0][1]
-    waits = [
-        SignalWait.from_row(r)
-        for r in (yield Stmt(Q.signals_waits, {"run_ids": int_array([run_id])}))
-    ]
+    run_state = runs[0].state
+    wait_rows: list[WaitRow] = yield Stmt(Q.signals_waits, {"run_ids": int_array([run_id])})
+    waits = [SignalWait.from_row(row) for row in wait_rows]
     target = next((w for w in waits if name in w.names), None)
     if target is None:
         declared = sorted({n for w in waits for n in w.names})
@@ -151,8 +149,8 @@ def signal_plan(run_id: int, name: str, payload: str) -> Plan[tuple[bool, Settle
         StepState(target.state) in TERMINAL_STEP_STATES
     ):
         return False, Settled()
-    mailbox = yield Stmt(Q.signals_unconsumed, {"run_ids": int_array([run_id])})
-    buffered = sum(1 for r in mailbox if r[2] in target.names)
+    mailbox: list[SignalRow] = yield Stmt(Q.signals_unconsumed, {"run_ids": int_array([run_id])})
+    buffered = sum(1 for signal in mailbox if signal.name in target.names)
     if buffered >= target.capacity:
         return False, Settled()
     yield Stmt(Q.signals_insert, {"run_id": run_id, "name": name, "payload": payload})

@@ -21,6 +21,7 @@ from cyclone.options import Duration, JobOptions, check_text, micros, seconds
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.records import Submitted
 from cyclone.sql import Q
+from cyclone.sql.rows import IdRow, RunVersionRow
 from cyclone.workflow import NodeSpec, Workflow
 
 __all__ = [
@@ -248,17 +249,17 @@ def submit_plan(request: SubmitRequest) -> Plan[Submitted]:
         StateError: the key kept changing hands (purged between insert and lookup).
     """
     for _ in range(_KEY_RETRIES):
-        rows = yield Stmt(Q.runs_submit, request.params)
-        if rows:
-            return Submitted(run_id=rows[0][0])
+        inserted: list[IdRow] = yield Stmt(Q.runs_submit, request.params)
+        if inserted:
+            return Submitted(run_id=inserted[0].id)
         if request.submit_key is None:  # pragma: no cover - an insert without a key
             break
-        rows = yield Stmt(
+        holders: list[RunVersionRow] = yield Stmt(
             Q.runs_find_submit_key,
             {"workflow": request.workflow.name, "submit_key": request.submit_key},
         )
-        if rows:
-            run_id, def_version = rows[0]
+        if holders:
+            run_id, def_version = holders[0].id, holders[0].def_version
             if def_version == "job":
                 raise StateError(
                     f"submit_key {request.submit_key!r} is held by run {run_id}, a job of "

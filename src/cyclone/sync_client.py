@@ -16,9 +16,10 @@ from typing import Any, Self, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from cyclone.calls.producers_sync import SyncProducerCalls
-from cyclone.calls.runs_sync import SyncRunCalls
-from cyclone.calls.schedules_sync import SyncScheduleCalls
+from cyclone.calls.producers import ProducerCalls
+from cyclone.calls.runs import RunCalls
+from cyclone.calls.schedules import ScheduleCalls
+from cyclone.calls.sync_shell import SyncShell
 from cyclone.config import ClientConfig
 from cyclone.connections import (
     DEFAULT_TCP_USER_TIMEOUT,
@@ -37,7 +38,7 @@ __all__ = ["SyncClient"]
 T = TypeVar("T")
 
 
-class SyncClient(SyncProducerCalls, SyncRunCalls, SyncScheduleCalls):
+class SyncClient(SyncShell, ProducerCalls, RunCalls, ScheduleCalls):
     """Synchronous producer and inspection client.
 
     Args:
@@ -178,9 +179,3 @@ class SyncClient(SyncProducerCalls, SyncRunCalls, SyncScheduleCalls):
         if not conn.autocommit:  # a user's pool in transaction mode: finish its transaction
             conn.commit()
         publish_sync(conn, queues, runs)
-
-    # -- producers -----------------------------------------------------------------
-
-    # -- inspection and control ----------------------------------------------------
-
-    # -- schedules, retention ----------------------------------------------------

@@ -12,19 +12,20 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cyclone.dbio import Rows, Stmt, int_array, text_array
+from cyclone.dbio import Results, Stmt, int_array, text_array
 from cyclone.errors import Discard
 from cyclone.graph import (
     Completion,
     advance_stmts,
     cancel_children_stmt,
-    completions_json,
+    completion_params,
 )
-from cyclone.inputs import parse_bindings
+from cyclone.inputs import bindings_of
 from cyclone.options import micros
 from cyclone.payloads import clean_text
 from cyclone.retry import RetryPolicy
 from cyclone.sql import Q, claim_sql
+from cyclone.sql.rows import ClaimRow, HeartbeatRow, StepQueueRow, SweepRow
 
 __all__ = [
     "MISMATCH_DELAY",
@@ -33,6 +34,7 @@ __all__ = [
     "claim_stmt",
     "complete_stmts",
     "decide_failure",
+    "failure_applied",
     "failure_stmts",
     "heartbeat_stmt",
     "mismatch_stmt",
@@ -62,23 +64,27 @@ class Claimed:
     then a transaction that may end the run also cancels its active child runs.
     """
 
+    # the step, its run and the definition it belongs to
     id: int
-    run_id: int
-    node: str
     kind: str
-    input: Any
-    attempt: int
-    max_attempts: int
-    generation: int
-    timeout: float | None
-    sequence_key: str | None
+    queue: str
+    run_id: int
     workflow: str
     def_version: str
-    queue: str
+    node: str
+    # the lease (the fencing token) and the attempt
     owner: str
+    generation: int
+    attempt: int
+    max_attempts: int
+    timeout: float | None
+    sequence_key: str | None
+    # the input: a value, or the data edges to assemble it from
+    input: Any
     input_from: str | None = None
     bindings: tuple[tuple[str, str], ...] | None = None
     input_error: str | None = None
+    # what the run's definition has (a transaction that may end it does more)
     has_fan_out: bool = False
     has_children: bool = False
 
@@ -97,7 +103,7 @@ def claim_stmt(
     limit: int,
     timeouts: Sequence[float | None] | None = None,
     foreign: Sequence[str] = (),
-) -> Stmt:
+) -> Stmt[ClaimRow]:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
     ``limit`` must be one of :data:`cyclone.sql.CLAIM_LIMITS` (:func:`claim_limit` picks
@@ -119,36 +125,36 @@ def claim_stmt(
 
 
 def parse_claimed(
-    rows: Rows, queue: str, owner: str, parents: Container[str] = ()
+    rows: Sequence[ClaimRow], queue: str, owner: str, parents: Container[str] = ()
 ) -> list[Claimed]:
     """The rows of ``steps_claim`` (claimed as ``owner``) as :class:`Claimed` records;
     ``parents`` are the def_versions whose definition has child nodes."""
     return [
         Claimed(
-            id=row[0],
-            run_id=row[1],
-            node=row[2],
-            kind=row[3],
-            input=row[4],
-            attempt=row[5],
-            max_attempts=row[6],
-            generation=row[7],
-            timeout=row[8],
-            sequence_key=row[9],
-            workflow=row[10],
-            def_version=row[11],
+            id=row.id,
+            kind=row.kind,
             queue=queue,
+            run_id=row.run_id,
+            workflow=row.workflow,
+            def_version=row.def_version,
+            node=row.node,
             owner=owner,
-            input_from=row[12],
-            has_fan_out=bool(row[13]),
-            bindings=parse_bindings(row[14]),
-            has_children=row[11] in parents,
+            generation=row.lease_generation,
+            attempt=row.attempt,
+            max_attempts=row.max_attempts,
+            timeout=row.timeout_s,
+            sequence_key=row.sequence_key,
+            input=row.input,
+            input_from=row.input_from,
+            bindings=bindings_of(row.binding_nodes, row.binding_modes),
+            has_fan_out=row.has_fan_out,
+            has_children=row.def_version in parents,
         )
         for row in rows
     ]
 
 
-def heartbeat_stmt(steps: Sequence[Claimed], *, ttl: float) -> Stmt:
+def heartbeat_stmt(steps: Sequence[Claimed], *, ttl: float) -> Stmt[HeartbeatRow]:
     """Renew the leases of ``steps`` for ``ttl`` seconds, all in one statement
     (``steps_heartbeat``); read its rows with :func:`parse_heartbeat`.
 
@@ -166,7 +172,9 @@ def heartbeat_stmt(steps: Sequence[Claimed], *, ttl: float) -> Stmt:
     )
 
 
-def parse_heartbeat(rows: Rows) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
+def parse_heartbeat(
+    rows: Sequence[HeartbeatRow],
+) -> tuple[set[tuple[int, str]], set[tuple[int, str]]]:
     """The ``(step id, lease owner)`` pairs that :func:`heartbeat_stmt` renewed, and
     those it found busy (locked by another transaction: neither renewed nor lost).
 
@@ -174,8 +182,8 @@ def parse_heartbeat(rows: Rows) -> tuple[set[tuple[int, str]], set[tuple[int, st
     """
     renewed: set[tuple[int, str]] = set()
     busy: set[tuple[int, str]] = set()
-    for step_id, owner, done in rows:
-        (renewed if done else busy).add((step_id, owner))
+    for row in rows:
+        (renewed if row.renewed else busy).add((row.id, row.owner))
     return renewed, busy
 
 
@@ -191,25 +199,27 @@ def _held(step: Claimed, output: str | None) -> Completion:
     )
 
 
-def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt]:
+def complete_stmts(items: Sequence[tuple[Claimed, str | None]]) -> list[Stmt[Any]]:
     """Complete held steps with their outputs (JSON text or ``None``): lock runs, then
     CAS each one on its lease.
 
-    Each output is JSON text made by ``encode_json``; a batch travels as one JSON text
-    (:class:`cyclone.graph.Completion`). Steps of standalone runs take the lean
+    Each output is JSON text made by ``encode_json``; a batch travels as aligned arrays
+    (:func:`cyclone.graph.completion_params`). Steps of standalone runs take the lean
     ``steps_complete``; workflow steps take :func:`cyclone.graph.advance_stmts`, which
     also advance their runs (expanding fan-out nodes only for runs whose definition has
     them, cancelling child runs only for runs whose definition has child nodes); a mixed
     batch runs both in the one transaction.
 
-    Returns the statements for one transaction; read the results after the first
-    (``runs_lock``) with :func:`cyclone.graph.parse_advanced`.
+    Returns the statements for one transaction; read its results with
+    :func:`cyclone.graph.parse_advanced`.
     """
     jobs = [_held(step, output) for step, output in items if step.def_version == "job"]
     dag = [_held(step, output) for step, output in items if step.def_version != "job"]
-    stmts = [Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})})]
+    stmts: list[Stmt[Any]] = [
+        Stmt(Q.runs_lock, {"run_ids": int_array({step.run_id for step, _ in items})})
+    ]
     if jobs:
-        stmts.append(Stmt(Q.steps_complete, {"steps": completions_json(jobs)}))
+        stmts.append(Stmt(Q.steps_complete, completion_params(jobs, prefix="job_")))
     if dag:
         stmts.extend(advance_stmts(dag))
     return stmts
@@ -263,14 +273,14 @@ def decide_failure(
     )
 
 
-def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
+def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt[Any]], bool]:
     """The statements recording ``failure``, and whether they form one transaction.
 
     A retry is one CAS statement. A discard locks the run, CAS-discards the step and
     resolves the run (graph_resolve_discard: fail fast, or cancel the branch), in one
     transaction; when the run's definition has child nodes, ``runs_cancel_children``
-    follows (the run, or the branch of a child node, may have ended). Either way the CAS
-    is the statement at index :data:`FAILURE_CAS`.
+    follows (the run, or the branch of a child node, may have ended). Read the results
+    with :func:`failure_applied`.
     """
     params = {
         "id": step.id,
@@ -282,7 +292,7 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     }
     if not failure.discard:
         return [Stmt(Q.steps_retry, {**params, "delay_us": micros(failure.delay)})], False
-    stmts = [
+    stmts: list[Stmt[Any]] = [
         Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(Q.steps_discard, params),
         Stmt(Q.graph_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
@@ -290,6 +300,12 @@ def failure_stmts(step: Claimed, failure: Failure) -> tuple[list[Stmt], bool]:
     if step.has_children:
         stmts.append(cancel_children_stmt([step.run_id]))
     return stmts, True
+
+
+def failure_applied(failure: Failure, results: Results) -> bool:
+    """Whether the CAS among :func:`failure_stmts` changed the step (``False``: a stale
+    failure, the lease was lost before it)."""
+    return bool(results.of(Q.steps_discard if failure.discard else Q.steps_retry))
 
 
 def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
@@ -300,15 +316,11 @@ def _held_params(steps: Sequence[Claimed]) -> dict[str, Any]:
     }
 
 
-FAILURE_CAS = {False: 0, True: 1}
-"""Index of the CAS statement among :func:`failure_stmts`, by ``transaction``."""
-
-
 MISMATCH_DELAY = 1.0
 """Seconds a step given back for a def_version mismatch waits before it is claimable."""
 
 
-def mismatch_stmt(steps: Sequence[Claimed], known: dict[str, list[str]]) -> Stmt:
+def mismatch_stmt(steps: Sequence[Claimed], known: dict[str, list[str]]) -> Stmt[StepQueueRow]:
     """Give back steps whose run's def_version this worker does not have.
 
     ``known`` maps workflow names to the def_versions this worker registers; the error
@@ -325,12 +337,12 @@ def mismatch_stmt(steps: Sequence[Claimed], known: dict[str, list[str]]) -> Stmt
     )
 
 
-def release_stmt(steps: Sequence[Claimed]) -> Stmt:
+def release_stmt(steps: Sequence[Claimed]) -> Stmt[StepQueueRow]:
     """Give held steps back with no attempt and no reclaim counted (``steps_release``)."""
     return Stmt(Q.steps_release, _held_params(steps))
 
 
-def sequence_recheck_stmts(steps: Sequence[Claimed]) -> list[Stmt]:
+def sequence_recheck_stmts(steps: Sequence[Claimed]) -> list[Stmt[Any]]:
     """Lock the sequence keys of fresh claims, then give back those not at their head."""
     return [
         Stmt(Q.steps_sequence_lock, {"keys": [s.sequence_key for s in steps]}),
@@ -338,39 +350,34 @@ def sequence_recheck_stmts(steps: Sequence[Claimed]) -> list[Stmt]:
     ]
 
 
-def reclaim_stmts(
-    *, step_id: int, run_id: int, generation: int, reclaims: int, timed_out: bool, max_reclaims: int
-) -> tuple[list[Stmt], bool]:
+def reclaim_stmts(step: SweepRow, *, max_reclaims: int) -> tuple[list[Stmt[Any]], bool]:
     """What the sweep writes for one expired step, and whether it is a discard.
 
     Below ``max_reclaims`` the step goes back to ``available`` (``steps_reclaim``);
     past it, the step is discarded with ``reclaim_limit``, its run resolved and, if the
     run (or a child node's branch) ended, its active child runs cancelled (the sweep does
-    not know the definition; a rare path). The discard's CAS is the statement at index 1.
+    not know the definition; a rare path).
     """
-    reason = "timeout passed" if timed_out else "lease expired"
-    if reclaims + 1 <= max_reclaims:
+    reason = "timeout passed" if step.timed_out else "lease expired"
+    if step.reclaims + 1 <= max_reclaims:
         return [
             Stmt(
                 Q.steps_reclaim,
                 {
-                    "id": step_id,
-                    "generation": generation,
+                    "id": step.id,
+                    "generation": step.lease_generation,
                     "error": f"reclaimed: {reason}",
-                    "error_kind": "timeout" if timed_out else "lease_expired",
+                    "error_kind": "timeout" if step.timed_out else "lease_expired",
                 },
             )
         ], False
+    error = f"{reason}; reclaimed {step.reclaims} times, max_reclaims is {max_reclaims}"
     return [
-        Stmt(Q.runs_lock, {"run_ids": int_array([run_id])}),
+        Stmt(Q.runs_lock, {"run_ids": int_array([step.run_id])}),
         Stmt(
             Q.steps_reclaim_discard,
-            {
-                "id": step_id,
-                "generation": generation,
-                "error": f"{reason}; reclaimed {reclaims} times, max_reclaims is {max_reclaims}",
-            },
+            {"id": step.id, "generation": step.lease_generation, "error": error},
         ),
-        Stmt(Q.graph_resolve_discard, {"run_id": run_id, "step_id": step_id}),
-        cancel_children_stmt([run_id]),
+        Stmt(Q.graph_resolve_discard, {"run_id": step.run_id, "step_id": step.id}),
+        cancel_children_stmt([step.run_id]),
     ], True

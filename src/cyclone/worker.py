@@ -223,7 +223,7 @@ class Worker:
         try:
             async with self._pool.connection() as conn:
                 rows = await fetch_async(conn, release_stmt(steps))
-            self._announcer.announce(Wakeups.of_queues(row[1] for row in rows))
+            self._announcer.announce(Wakeups.of_queues(row.queue for row in rows))
             log.info("released %d held steps %s", len(rows), why)
         except Exception as exc:
             log.warning(
@@ -417,8 +417,8 @@ class Worker:
         conn = tx.async_conn
         assert conn is not None
         try:
-            rows = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-            advanced = parse_advanced(rows[1:])
+            results = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
+            advanced = parse_advanced(results)
             if step.id not in advanced.done:
                 await tx.close_async(commit=False)
                 log.info("step %d (%s): stale completion rolled back", step.id, step.kind)

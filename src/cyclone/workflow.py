@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from cyclone.dag import (
     Assembly,
@@ -42,7 +42,7 @@ from cyclone.options import Duration, JobOptions
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.wait_nodes import WaitNodes
 
-__all__ = ["Assembly", "DepPolicy", "Node", "NodeSpec", "Workflow"]
+__all__ = ["Assembly", "DepPolicy", "Node", "NodeOptions", "NodeSpec", "Workflow"]
 
 _ASSEMBLIES = ("tuple", "array")
 _POLICIES = ("fail_run", "cancel_branch")
@@ -51,6 +51,18 @@ _INT32 = 2**31 - 1
 """The largest value of an ``integer`` column (fan_out_parallel, fan_out_max_items)."""
 _INT64 = 2**63 - 1
 """The largest value of a ``bigint`` column (fan_out_max_bytes)."""
+
+
+class NodeOptions(TypedDict, total=False):
+    """The options of a node's steps that override its kind's defaults (see
+    :meth:`Workflow.node`), and its dependency-failure policy."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    timeout: Duration | None
+    retention: Duration | None
+    on_dep_failure: DepPolicy
 
 
 class Workflow(WaitNodes):
@@ -246,12 +258,7 @@ class Workflow(WaitNodes):
         max_bytes: int = 0,
         max_items: int = 0,
         after: Iterable[NodeRef] = (),
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        timeout: Duration | None = None,
-        retention: Duration | None = None,
-        on_dep_failure: DepPolicy = "fail_run",
+        **options: Unpack[NodeOptions],
     ) -> Node:
         """Declare a fan-out: one item task of ``kind`` per element of ``over``'s output.
 
@@ -269,11 +276,14 @@ class Workflow(WaitNodes):
         apply their policy.
 
         Args:
+            id, kind, after: as :meth:`node`; the node's input is ``over``'s output.
             max_parallel: items runnable at once, 0 for no limit (at most 2**31 - 1).
             max_bytes: cap on the collected output's JSON size in bytes, 0 for none
                 (at most 2**63 - 1).
             max_items: cap on the number of elements of ``over``'s list, 0 for none
                 (at most 2**31 - 1).
+            **options: ``queue``, ``priority``, ``max_attempts``, ``timeout``,
+                ``retention`` and ``on_dep_failure`` of the item tasks, as :meth:`node`.
 
         Raises:
             WorkflowError: as :meth:`node`, or a bad ``max_parallel`` / ``max_bytes`` /
@@ -294,12 +304,7 @@ class Workflow(WaitNodes):
             kind,
             after=after,
             input_from=over,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            timeout=timeout,
-            retention=retention,
-            on_dep_failure=on_dep_failure,
+            **options,
         )
         spec = self._nodes[node.id]
         has_output = spec.handler.has_output if spec.handler is not None else True

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from cyclone.dbio import Stmt
-from cyclone.graph import expand_stmt
+from cyclone.graph import Completion, advance_stmts, expand_stmt
 from cyclone.sql import Q
 from tests.helpers import scalar
 
@@ -77,7 +77,7 @@ def mid_run(db: Conn, items: int) -> int:
     return run_id
 
 
-def shared_buffers(db: Conn, stmt: Stmt) -> int:
+def shared_buffers(db: Conn, stmt: Stmt[Any]) -> int:
     """Shared buffers (hit + read) the execution of ``stmt`` touched, planning excluded;
     run in a transaction rolled back afterwards."""
     with db.transaction(force_rollback=True):
@@ -89,7 +89,7 @@ def shared_buffers(db: Conn, stmt: Stmt) -> int:
     return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
-def pass_statements(db: Conn, run_id: int) -> dict[str, Stmt]:
+def pass_statements(db: Conn, run_id: int) -> dict[str, Stmt[Any]]:
     """The statements of a scanner pass over the run's fan-out node, and of one of its
     item completions."""
     item = scalar(
@@ -105,7 +105,7 @@ def pass_statements(db: Conn, run_id: int) -> dict[str, Stmt]:
             Q.steps_release_items,
             {"run_id": run_id, "node": "fan", "count": PARALLEL - RUNNING},
         ),
-        "graph_advance": Stmt(Q.graph_advance, {"completions": f'[[{item},1,"w/1",null,null]]'}),
+        "graph_advance": advance_stmts([Completion(item, run_id, owner="w/1", generation=1)])[0],
         "graph_expand_fan_outs": expand_stmt([run_id]),
     }
 

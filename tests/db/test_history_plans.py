@@ -30,6 +30,7 @@ from cyclone.dbio import Stmt
 from cyclone.graph import expand_stmt
 from cyclone.producer import EnqueueRequest, enqueue_many_stmt, enqueue_stmt
 from cyclone.sql import Q
+from cyclone.sql.rows import SweepRow
 from cyclone.transitions import (
     Claimed,
     Failure,
@@ -190,7 +191,7 @@ def _numbered(sql: str) -> tuple[str, list[str]]:
     return re.sub(r"%\((\w+)\)s", number, sql), names
 
 
-def explain(conn: psycopg.Connection[Any], stmt: Stmt, *, generic: bool) -> dict[str, Any]:
+def explain(conn: psycopg.Connection[Any], stmt: Stmt[Any], *, generic: bool) -> dict[str, Any]:
     """The ``EXPLAIN (ANALYZE, FORMAT JSON)`` plan of ``stmt`` (its writes rolled back)."""
     params = dict(stmt.params or {})
     with conn.transaction(force_rollback=True):
@@ -282,12 +283,12 @@ _SCANNER_STATEMENTS = (
 )
 
 
-def _scanner(name: str) -> Callable[[], list[Stmt]]:
+def _scanner(name: str) -> Callable[[], list[Stmt[Any]]]:
     sql = getattr(Q, name)
     return lambda: [Stmt(sql, {"limit": 100})]
 
 
-def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[Stmt]]]:
+def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[Stmt[Any]]]]:
     jobs = _held(conn, "r.def_version = 'job'")
     chain = _held(conn, "r.def_version <> 'job'", limit=3)
     one = jobs[0]
@@ -309,11 +310,7 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         "find_unique": lambda: [Stmt(Q.steps_find_unique, {"kind": "hot", "unique_key": "u5"})],
         "sweep": lambda: [Stmt(Q.steps_sweep_candidates, {"limit": 100})],
         "reclaim": lambda: reclaim_stmts(
-            step_id=one.id,
-            run_id=one.run_id,
-            generation=1,
-            reclaims=0,
-            timed_out=False,
+            SweepRow(one.id, one.run_id, lease_generation=1, reclaims=0, timed_out=False),
             max_reclaims=3,
         )[0],
         "run_get": lambda: [Stmt(Q.runs_get, {"run_id": one.run_id})],
@@ -363,7 +360,7 @@ def test_a_purge_pass_is_never_jit_compiled(busy: str) -> None:
         stmt = Stmt(Q.runs_purge, {"limit": 500})
         with conn.transaction(force_rollback=True):
             conn.execute("SET LOCAL jit_above_cost = 0")  # any plan would be compiled
-            conn.execute(Q.runs_purge_plan)
+            conn.execute(Q.runs_purge_plan.sql)
             row = conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + stmt.sql.encode(), stmt.params)
             plan = row.fetchone()
         assert plan is not None

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from cyclone.dbio import Stmt
+from cyclone.graph import Completion, advance_stmts
 from cyclone.sql import Q
 from cyclone.transitions import claim_stmt, heartbeat_stmt
 from tests.helpers import held_step
@@ -52,7 +53,7 @@ def loaded(db: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     return db
 
 
-def plan(db: psycopg.Connection[Any], stmt: Stmt) -> str:
+def plan(db: psycopg.Connection[Any], stmt: Stmt[Any]) -> str:
     """The JSON plan text of a statement (run inside a rolled-back transaction)."""
     with db.transaction(force_rollback=True):
         row = db.execute(b"EXPLAIN (FORMAT JSON) " + stmt.sql.encode(), stmt.params).fetchone()
@@ -131,9 +132,7 @@ def test_advance_and_discard_resolution_use_the_edge_index(
     dag_loaded: psycopg.Connection[Any],
 ) -> None:
     step_id, run_id = _first_workflow_step(dag_loaded)
-    advance = plan(
-        dag_loaded, Stmt(Q.graph_advance, {"completions": f'[[{step_id},1,"w",null,null]]'})
-    )
+    advance = plan(dag_loaded, advance_stmts([Completion(step_id, 0, owner="w", generation=1)])[0])
     assert "idx_deps_depnode" in advance
     assert "Seq Scan" not in advance
     resolve = plan(
@@ -194,6 +193,6 @@ def test_active_child_run_lookups_read_only_active_child_runs(
         assert row is not None
         text = json.dumps(row[0])
         assert "idx_runs_active_children" in text, text
-        if stmt.sql is Q.steps_orphaned_children:
+        if stmt.query is Q.steps_orphaned_children:
             removed = [int(n) for n in re.findall(r'"Rows Removed by Filter": (\d+)', text)]
             assert all(n < 100 for n in removed), removed

@@ -8,7 +8,6 @@ statements: resume and retry reach a restored node exactly as the advance does.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import psycopg
@@ -17,6 +16,7 @@ import pytest
 import cyclone
 from cyclone.control import resume_plan
 from cyclone.dbio import Stmt, batch_sync, fetch_sync, run_plan_sync
+from cyclone.graph import Completion, advance_stmts
 from cyclone.sql import Q
 from cyclone.transitions import claim_stmt, complete_stmts, parse_claimed
 from tests.helpers import scalar
@@ -104,7 +104,7 @@ def test_unmet_deps_lists_the_edges_whose_upstream_is_not_completed(dsn: str, db
     assert rows == [("d", "b"), ("d", "c")]
 
 
-def _verbose_plan(db: Conn, stmt: Stmt) -> str:
+def _verbose_plan(db: Conn, stmt: Stmt[Any]) -> str:
     with db.transaction(force_rollback=True):
         rows = db.execute(b"EXPLAIN (VERBOSE) " + stmt.sql.encode(), stmt.params).fetchall()
     return "\n".join(row[0] for row in rows)
@@ -113,13 +113,13 @@ def _verbose_plan(db: Conn, stmt: Stmt) -> str:
 @pytest.mark.parametrize(
     "stmt",
     [
-        Stmt(Q.graph_advance, {"completions": json.dumps([[1, 1, "w", None, None]])}),
+        advance_stmts([Completion(1, 1, owner="w", generation=1)])[0],
         Stmt(Q.graph_restore, {"run_id": 1}),
         Stmt(Q.graph_expand_fan_outs, {"fan_out_runs": "{1}"}),
     ],
     ids=["graph_advance", "graph_restore", "graph_expand_fan_outs"],
 )
-def test_the_graph_pieces_are_inlined(db: Conn, stmt: Stmt) -> None:
+def test_the_graph_pieces_are_inlined(db: Conn, stmt: Stmt[Any]) -> None:
     """No call of the migration's functions, and no scan of the view as a whole, is
     left in the plans: the planner wrote them out."""
     text = _verbose_plan(db, stmt)

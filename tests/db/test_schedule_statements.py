@@ -25,7 +25,7 @@ def dsn(dsn: str) -> str:
     return set_database_timezone(dsn, SESSION_ZONE)
 
 
-def run(db: psycopg.Connection[Any], stmt: Stmt) -> list[tuple[Any, ...]]:
+def run(db: psycopg.Connection[Any], stmt: Stmt[Any]) -> list[tuple[Any, ...]]:
     return db.execute(stmt.sql, stmt.params).fetchall()
 
 

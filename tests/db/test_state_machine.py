@@ -62,10 +62,11 @@ from psycopg.pq import TransactionStatus
 from cyclone import Discard, RetryPolicy, RunState, StepState
 from cyclone.config import ClientConfig
 from cyclone.control import cancel_stmts
-from cyclone.dbio import Rows, Stmt, batch_sync, fetch_sync, run_plan_sync
+from cyclone.dbio import Stmt, batch_sync, fetch_sync, run_plan_sync
 from cyclone.graph import parse_advanced
 from cyclone.producer import enqueue_many_stmt, enqueue_plan, enqueued_from_rows
 from cyclone.sql import Q
+from cyclone.sql.rows import SweepRow
 from cyclone.states import (
     ACTIVE_STEP_STATES,
     RUN_TRANSITIONS,
@@ -245,12 +246,12 @@ def _by_key(steps: Iterable[StepRow]) -> dict[str, list[StepRow]]:
     return keys
 
 
-def _sweep_candidates(conn: psycopg.Connection[Any]) -> Rows:
+def _sweep_candidates(conn: psycopg.Connection[Any]) -> list[Any]:
     """The sweep's read (``steps_sweep_candidates``)."""
     return fetch_sync(conn, Stmt(Q.steps_sweep_candidates, {"limit": 500}))
 
 
-def _first_per_step(candidates: Rows) -> Iterator[tuple[Any, ...]]:
+def _first_per_step(candidates: list[Any]) -> Iterator[SweepRow]:
     """The sweep's de-duplication: a step both expired and timed out is taken once."""
     seen: set[int] = set()
     for candidate in candidates:
@@ -275,7 +276,7 @@ class StepMachine(RuleBasedStateMachine):
         self.held: dict[str, dict[tuple[int, int], Claimed]] = {owner: {} for owner in OWNERS}
         """What each owner believes it holds, by (step id, lease generation)."""
         self.max_reclaims = 1
-        self.pending_scan: Rows | None = None
+        self.pending_scan: list[Any] | None = None
         self.inputs = 0
         self.steps, self.runs = snapshot(self.client)
 
@@ -370,26 +371,22 @@ class StepMachine(RuleBasedStateMachine):
         given_back: set[int] = set()
         if sequenced:
             rows = batch_sync(conn, sequence_recheck_stmts(sequenced), transaction=True)
-            given_back = {row[0] for row in rows[-1]}
+            given_back = {row.id for row in rows.of(Q.steps_sequence_release)}
         return claimed, given_back
 
-    def _apply_sweep(self, before: Snapshot, candidates: Rows) -> None:
+    def _apply_sweep(self, before: Snapshot, candidates: list[Any]) -> None:
         """Run the sweep's per-step transactions and check each against ``before``."""
         old_steps, old_runs = before
         touched_steps: set[int] = set()
         touched_runs: set[int] = set()
         outcomes = []
-        for step_id, run_id, generation, reclaims, timed_out in _first_per_step(candidates):
-            stmts, is_discard = reclaim_stmts(
-                step_id=step_id,
-                run_id=run_id,
-                generation=generation,
-                reclaims=reclaims,
-                timed_out=timed_out,
-                max_reclaims=self.max_reclaims,
-            )
+        for candidate in _first_per_step(candidates):
+            step_id, run_id, generation, reclaims, timed_out = candidate
+            stmts, is_discard = reclaim_stmts(candidate, max_reclaims=self.max_reclaims)
             rows = batch_sync(self.sweeper, stmts, transaction=is_discard)
-            changed = rows[1] if is_discard else rows[0]
+            changed: list[Any] = (
+                rows.of(Q.steps_reclaim_discard) if is_discard else rows.of(Q.steps_reclaim)
+            )
             prev = old_steps[step_id]
             ok = prev.state == S.RUNNING and prev.lease_generation == generation and prev.sweepable
             assert bool(changed) == ok, f"sweep of step {step_id}: {changed} vs {prev}"
@@ -398,9 +395,8 @@ class StepMachine(RuleBasedStateMachine):
                 touched_steps.add(step_id)
                 touched_runs.add(run_id)
             if is_discard:
-                assert rows[2] == [(1, 0, 0) if ok else (0, 0, 0)], rows[
-                    2
-                ]  # run failed, none cancelled
+                resolved = rows.of(Q.graph_resolve_discard)
+                assert resolved == [(1, 0, 0) if ok else (0, 0, 0)], resolved  # run failed
             outcomes.append((step_id, run_id, timed_out, is_discard, ok))
         after = self._snapshot()
         self._assert_frame(after, steps=touched_steps, runs=touched_runs, before=before)
@@ -497,7 +493,8 @@ class StepMachine(RuleBasedStateMachine):
             scheduled_at=_scheduled_at(job.start),
             sequence_key=job.sequence_key,
         )
-        enqueued = enqueued_from_rows(fetch_sync(self.client, enqueue_many_stmt(request)))
+        inserted: list[Any] = fetch_sync(self.client, enqueue_many_stmt(request))
+        enqueued = enqueued_from_rows(inserted)
         assert len(enqueued) == job.copies
         assert [e.run_id for e in enqueued] == sorted(e.run_id for e in enqueued)
         after = self._snapshot()
@@ -617,7 +614,7 @@ class StepMachine(RuleBasedStateMachine):
             complete_stmts([(replace(c, owner=actor), out) for c, out in items]),
             transaction=True,
         )
-        advanced = parse_advanced(rows[1:])
+        advanced = parse_advanced(rows)
         done, finished = set(advanced.done), set(advanced.finished)
         after = self._snapshot()
         expected = {c.id: out for c, out in items if self.steps[c.id].held_by(actor, c.generation)}
@@ -652,7 +649,7 @@ class StepMachine(RuleBasedStateMachine):
         failure = decide_failure(c, exc, retry=BACKOFF, no_retry=())
         stmts, transaction = failure_stmts(replace(c, owner=actor), failure)
         rows = batch_sync(self.conns[actor], stmts, transaction=transaction)
-        changed = rows[1] if transaction else rows[0]
+        changed: list[Any] = rows.of(Q.steps_discard) if transaction else rows.of(Q.steps_retry)
         after = self._snapshot()
         prev = self.steps[c.id]
         ok = prev.held_by(actor, c.generation)
@@ -672,7 +669,8 @@ class StepMachine(RuleBasedStateMachine):
         if failure.discard:
             assert row.state == S.DISCARDED
             assert run.state == R.FAILED
-            assert rows[-1] == [(1, 0, 0)]  # the run failed once, nothing else to cancel
+            # the run failed once, nothing else to cancel
+            assert rows.of(Q.graph_resolve_discard) == [(1, 0, 0)]
         else:
             assert row.state == S.AVAILABLE
             assert not row.due, "a retry ignored its backoff"
@@ -791,7 +789,7 @@ class StepMachine(RuleBasedStateMachine):
         else:
             self._apply_sweep(*self._scan())
 
-    def _scan(self) -> tuple[Snapshot, Rows]:
+    def _scan(self) -> tuple[Snapshot, list[Any]]:
         """The sweep's read: exactly the running steps past their lease or timeout."""
         before = self._snapshot()
         candidates = _sweep_candidates(self.sweeper)
@@ -848,11 +846,11 @@ class StepMachine(RuleBasedStateMachine):
         after = self._snapshot()
         prev = self.runs[run_id]
         if prev.state not in (R.RUNNING, R.PAUSED):
-            assert rows[-1] == []
+            assert rows.of(Q.runs_cancel) == []
             self._assert_frame(after)
             return
         active = [i for i, r in self.steps.items() if r.run_id == run_id and r.state in ACTIVE]
-        assert rows[-1] == [(run_id, len(active))]
+        assert rows.of(Q.runs_cancel) == [(run_id, len(active))]
         self._assert_frame(after, steps=active, runs=[run_id])
         assert after[1][run_id].state == R.CANCELLED
         for step_id in active:
@@ -1022,21 +1020,14 @@ def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigge
         b = enqueue()
         failure = decide_failure(held, RuntimeError("boom"), retry=BACKOFF, no_retry=())
         stmts, transaction = failure_stmts(held, failure)
-        written = batch_sync(worker, stmts, transaction=transaction)[0]
+        written: list[Any] = batch_sync(worker, stmts, transaction=transaction).of(Q.steps_retry)
         assert claim(2) == [], "B overtook A while A waits out its backoff"
         client.execute(f"UPDATE cyclone_steps SET scheduled_at = scheduled_at - interval '{SHIFT}'")
     else:
         b = enqueue(scheduled_at=datetime.now(UTC) - timedelta(days=1))
         client.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1 second'")
         [candidate] = _sweep_candidates(conns["sweep"])
-        stmts, _ = reclaim_stmts(
-            step_id=a,
-            run_id=held.run_id,
-            generation=held.generation,
-            reclaims=candidate[3],
-            timed_out=False,
-            max_reclaims=3,
-        )
-        written = batch_sync(conns["sweep"], stmts, transaction=False)[0]
+        stmts, _ = reclaim_stmts(candidate, max_reclaims=3)
+        written = batch_sync(conns["sweep"], stmts, transaction=False).of(Q.steps_reclaim)
     assert [row[0] for row in written] == [a]
     assert [c.id for c in claim(2)] == [a], f"B ({b}) overtook A, or the key is stuck"

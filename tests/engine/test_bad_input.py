@@ -139,7 +139,7 @@ async def test_tx_calls_refuse_connections_outside_a_transaction(
             psycopg.connect(dsn) as sync_conn,
             pytest.raises(cyclone.ValidationError, match="AsyncConnection"),
         ):
-            await client.enqueue_tx(sync_conn, "k", {})  # type: ignore[arg-type]
+            await client.enqueue_tx(sync_conn, "k", {})
         async with await psycopg.AsyncConnection.connect(dsn) as failed:
             with pytest.raises(psycopg.errors.DivisionByZero):
                 await failed.execute("SELECT 1/0")

@@ -17,6 +17,7 @@ import pytest
 
 import cyclone
 from cyclone.dbio import fetch_sync
+from cyclone.sql import Q
 from cyclone.transitions import claim_stmt
 from tests.helpers import kill, poll_until, scalar, start_worker
 
@@ -221,8 +222,8 @@ def test_a_claim_lost_in_a_crash_cannot_be_completed_by_its_old_holder(
         )
         second = claim("client-x/2")
         assert first.generation == second.generation
-        stale = batch_sync(conn, complete_stmts([(first, '"old"')]), transaction=True)[-1]
-        fresh = batch_sync(conn, complete_stmts([(second, '"new"')]), transaction=True)[-1]
-    assert stale == []
-    assert len(fresh) == 1
+        stale = batch_sync(conn, complete_stmts([(first, '"old"')]), transaction=True)
+        fresh = batch_sync(conn, complete_stmts([(second, '"new"')]), transaction=True)
+    assert stale.of(Q.steps_complete) == []
+    assert len(fresh.of(Q.steps_complete)) == 1
     assert scalar(db, "SELECT output FROM cyclone_steps") == "new"

@@ -498,10 +498,10 @@ async def test_a_slot_due_before_the_fall_back_fires_when_seen_after_it(
         assert c.schedule_scanner is not None
         (row,) = await c.schedule_scanner.claim()
         seen = scalar(db, "SELECT '2026-11-01 01:00:20-08'::timestamptz")
-        assert row["next_run_at"].tzinfo is seen.tzinfo  # one zone: wall clocks compare
-        assert (row["next_run_at"].fold, seen.fold) == (0, 1)
-        assert seen < row["next_run_at"]  # by the wall clock, the trap
-        result = await c.schedule_scanner.fire([{**row, "now": seen}])
+        assert row.next_run_at.tzinfo is seen.tzinfo  # one zone: wall clocks compare
+        assert (row.next_run_at.fold, seen.fold) == (0, 1)
+        assert seen < row.next_run_at  # by the wall clock, the trap
+        result = await c.schedule_scanner.fire([row._replace(now=seen)])
         assert (result.fired, result.failed, result.lost) == (1, 0, 0)
         fire = db.execute(
             "SELECT scheduled_for = '2026-11-01 08:59:00+00' FROM cyclone_schedule_fires"

@@ -14,6 +14,8 @@ import psycopg
 
 import cyclone
 from cyclone.dbio import batch_sync, fetch_sync
+from cyclone.sql import Q
+from cyclone.sql.rows import ClaimRow
 from cyclone.transitions import claim_stmt, parse_claimed, sequence_recheck_stmts
 from tests.helpers import apoll_until, kill, poll_until, scalar, start_worker
 
@@ -76,19 +78,26 @@ def test_recheck_leaves_at_most_one_running_step_per_key(
             (earlier.step_id,),
         )
         (held_2,) = parse_claimed(
-            db.execute(
-                "SELECT s.id, s.run_id, s.node, s.kind, r.input, s.attempt, s.max_attempts, "
-                "s.lease_generation, NULL::float8, s.sequence_key, r.workflow, r.def_version, "
-                "NULL::text, false, NULL::text[] "
-                "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE s.id = %s",
-                (earlier.step_id,),
-            ).fetchall(),
+            [
+                ClaimRow(*row)
+                for row in db.execute(
+                    "SELECT s.id, s.run_id, s.node, s.kind, r.input, s.attempt, s.max_attempts, "
+                    "s.lease_generation, NULL::float8, s.sequence_key, r.workflow, r.def_version, "
+                    "NULL::text, false, NULL::text[], NULL::text[] "
+                    "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE s.id = %s",
+                    (earlier.step_id,),
+                ).fetchall()
+            ],
             "default",
             "w2",
         )
         assert held_1.id == later.step_id
-        released_1 = batch_sync(w1, sequence_recheck_stmts([held_1]), transaction=True)[-1]
-        released_2 = batch_sync(w2, sequence_recheck_stmts([held_2]), transaction=True)[-1]
+        released_1 = batch_sync(w1, sequence_recheck_stmts([held_1]), transaction=True).of(
+            Q.steps_sequence_release
+        )
+        released_2 = batch_sync(w2, sequence_recheck_stmts([held_2]), transaction=True).of(
+            Q.steps_sequence_release
+        )
     running = db.execute("SELECT id FROM cyclone_steps WHERE state = 'running'").fetchall()
     assert released_1 == [(later.step_id,)]  # the later one yields to the earlier
     assert released_2 == []

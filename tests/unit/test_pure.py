@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import cyclone
 from cyclone.options import JobOptions, micros, seconds
 from cyclone.payloads import codec_for, encode_json, find_nul
-from cyclone.sql import Q, Queries, load_blocks
+from cyclone.sql import Q, Queries, Query, load_blocks, load_fragments
 from cyclone.states import STEP_TRANSITIONS, TERMINAL_STEP_STATES, StepState
 
 
@@ -91,13 +91,37 @@ def test_durations_accept_timedelta_and_seconds() -> None:
 
 def test_every_declared_statement_is_in_the_sql_files_and_back() -> None:
     declared = set(Queries.__annotations__)
+    texts = [path.read_text() for path in (Path(cyclone.__file__).parent / "sql").glob("*.sql")]
+    fragments: dict[str, str] = {}
+    for text in texts:
+        fragments = load_fragments(text, fragments)
     found: set[str] = set()
-    for path in (Path(cyclone.__file__).parent / "sql").glob("*.sql"):
-        found |= set(load_blocks(path.read_text()))
+    for text in texts:
+        found |= set(load_blocks(text, fragments))
     assert declared == found
-    assert "FOR UPDATE OF s SKIP LOCKED" in Q.steps_claim
+    assert "FOR UPDATE OF s SKIP LOCKED" in Q.steps_claim.sql
     for name in declared:  # comments stay out of the statement text
-        assert "--" not in getattr(Q, name), name
+        query = getattr(Q, name)
+        assert query.name == name
+        assert "--" not in query.sql, name
+
+
+def test_a_fragment_stands_where_it_is_used_indented_as_the_use_line() -> None:
+    """``-- use: <fragment>`` is replaced by the fragment's text (comments dropped, each
+    line indented as the use line); a fragment may use one defined before it; a use of
+    no fragment is refused."""
+    text = (
+        "-- fragment: cols\n-- the columns\nid,\nname\n\n"
+        "-- fragment: pick\nSELECT\n    -- use: cols\nFROM t\n\n"
+        "-- name: one\nWITH x AS (\n    -- use: pick\n)\nSELECT * FROM x;\n"
+    )
+    blocks = load_blocks(text)
+    assert blocks == {
+        "one": "WITH x AS (\n    SELECT\n        id,\n        name\n    FROM t\n)\nSELECT * FROM x"
+    }
+    assert set(load_fragments(text)) == {"cols", "pick"}
+    with pytest.raises(KeyError, match="nowhere"):
+        load_blocks("-- name: orphan\nSELECT\n    -- use: nowhere\n;\n")
 
 
 def test_transition_table_names_only_real_moves() -> None:
@@ -124,7 +148,7 @@ def test_a_transactional_batch_ends_with_its_commit() -> None:
     from cyclone.dbio import Stmt, _layout, script
 
     work = Stmt(Q.steps_enqueue, {"kind": "k"})
-    path = Stmt("SELECT set_config('search_path', 'x', true)")
+    path = Stmt(Query.plain("SELECT set_config('search_path', 'x', true)"))
     for pinned in (None, path):
         query, _ = script(_layout([work], transaction=True, path=pinned)[0])
         assert query.startswith("BEGIN")
@@ -150,6 +174,7 @@ def test_the_woken_enqueue_is_the_enqueue_with_its_notify() -> None:
     """steps_enqueue_woken repeats steps_enqueue up to its last SELECT, so that the two
     cannot drift apart; only the wakeup is added."""
     last = "SELECT step.id AS step_id, step.run_id"
-    head = Q.steps_enqueue[: Q.steps_enqueue.rindex(last)]
-    assert Q.steps_enqueue_woken.startswith(head + last)
-    assert "pg_notify" in Q.steps_enqueue_woken and "pg_notify" not in Q.steps_enqueue
+    enqueue, woken = Q.steps_enqueue.sql, Q.steps_enqueue_woken.sql
+    head = enqueue[: enqueue.rindex(last)]
+    assert woken.startswith(head + last)
+    assert "pg_notify" in woken and "pg_notify" not in enqueue

@@ -16,8 +16,7 @@ from rich.console import Console
 
 import cyclone
 from cyclone.config import ClientConfig
-from cyclone.monitor import StepInfo
-from cyclone.records import Schedule
+from cyclone.records import Schedule, StepInfo
 from cyclone.render import schedules_table
 from cyclone.schedules import (
     SKIP_COUNT_LIMIT,
@@ -31,6 +30,7 @@ from cyclone.schedules import (
     slots_between,
 )
 from cyclone.sql import Q
+from cyclone.sql.rows import LockedScheduleRow
 
 LA = "America/Los_Angeles"
 BERLIN = "Europe/Berlin"
@@ -333,10 +333,12 @@ def _enable(next_run_at: datetime, now: datetime, cron: str) -> dict[str, object
     """Drive set_enabled_plan on a disabled schedule; the schedules_set_enabled params."""
     plan = set_enabled_plan("s", True)
     stmt = next(plan)
-    assert stmt.sql == Q.schedules_lock
-    row = ("s", "k", None, "null", cron, LA, next_run_at, "default", 0, 1, None, None, False, now)
+    assert stmt.query == Q.schedules_lock
+    row = LockedScheduleRow(
+        "s", "k", None, "null", cron, LA, next_run_at, "default", 0, 1, None, None, False, now
+    )
     stmt = plan.send([row])
-    assert stmt.sql == Q.schedules_set_enabled and stmt.params is not None
+    assert stmt.query == Q.schedules_set_enabled and stmt.params is not None
     with pytest.raises(StopIteration):
         plan.send([("s",)])
     return dict(stmt.params)

@@ -1,7 +1,8 @@
 """``Client`` and ``SyncClient`` have not drifted: the same calls, with the same
 parameters (an async connection where the sync twin takes a sync one) and the same
-documented errors; and each concern's calls live in an async module of
-:mod:`cyclone.calls` beside its ``_sync`` twin."""
+documented errors; every call the two share is written once, as a script of
+:mod:`cyclone.calls` made a method of both (a coroutine function on ``Client``, a plain
+function on ``SyncClient``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import pytest
 
 import cyclone
-from cyclone.calls import producers, producers_sync, runs, runs_sync, schedules, schedules_sync
+from cyclone.calls import producers, runs, schedules
+from cyclone.calls.effects import twin
 
 ENGINE_ONLY = {
     "start",
@@ -32,11 +34,10 @@ ENGINE_ONLY = {
 """Public names of ``Client`` about the engine it runs: a ``SyncClient`` runs none."""
 SYNC_ONLY = {"open", "close"}
 """``SyncClient`` opens and closes its pool; ``Client`` does it in start and stop."""
-MODULE_PAIRS = [
-    (producers.ProducerCalls, producers_sync.SyncProducerCalls),
-    (runs.RunCalls, runs_sync.SyncRunCalls),
-    (schedules.ScheduleCalls, schedules_sync.SyncScheduleCalls),
-]
+CALLS = [producers.ProducerCalls, runs.RunCalls, schedules.ScheduleCalls]
+"""The classes of the calls both clients share."""
+OWN_TWINS = {"wait", "migrate"}
+"""Calls each client writes itself: waiting and migrating are different I/O."""
 
 
 def public(cls: type) -> set[str]:
@@ -89,6 +90,20 @@ def test_twin_calls_take_the_same_parameters_and_name_the_same_errors(name: str)
     assert raises(mine) == raises(twin), f"{name}: the twins document different errors"
 
 
-@pytest.mark.parametrize(("calls_async", "calls_sync"), MODULE_PAIRS, ids=lambda c: c.__name__)
-def test_each_calls_module_has_its_twin(calls_async: type, calls_sync: type) -> None:
-    assert calls(calls_async) == calls(calls_sync)
+@pytest.mark.parametrize("calls_class", CALLS, ids=lambda c: c.__name__)
+def test_each_shared_call_is_written_once_for_both(calls_class: type) -> None:
+    client = cyclone.Client("postgresql:///unused")
+    sync_client = cyclone.SyncClient("postgresql:///unused")
+    for name in calls(calls_class):
+        shared = vars(calls_class)[name]
+        assert getattr(cyclone.Client, name) is getattr(cyclone.SyncClient, name) is shared
+        if isinstance(shared, twin):
+            assert inspect.iscoroutinefunction(getattr(client, name)), name
+            assert not inspect.iscoroutinefunction(getattr(sync_client, name)), name
+            assert getattr(client, name).__doc__ == getattr(sync_client, name).__doc__
+
+
+def test_only_waiting_and_migrating_are_written_twice() -> None:
+    shared = set().union(*(calls(c) for c in CALLS))
+    both = public(cyclone.Client) & public(cyclone.SyncClient)
+    assert {n for n in both if callable(getattr(cyclone.Client, n))} - shared == OWN_TWINS

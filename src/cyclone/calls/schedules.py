@@ -1,46 +1,58 @@
-"""Schedule calls of ``Client``: create, change, enable, disable, delete, read."""
+"""Schedule calls of both clients: create, change, enable, disable, delete, read
+(scripts: see :mod:`cyclone.calls.effects`)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
-from cyclone.calls.base import AsyncCalls
+from cyclone.calls.effects import CallsCore, Own, Script, fetch, twin
 from cyclone.config import KEEP
-from cyclone.dbio import (
-    Stmt,
-    fetch_async,
-    fetch_dicts_async,
-    run_plan_async,
-)
-from cyclone.errors import (
-    NotFoundError,
-)
+from cyclone.dbio import Plan, Stmt
+from cyclone.errors import NotFoundError
 from cyclone.options import check_text
-from cyclone.producer import (
-    KindTarget,
-)
+from cyclone.producer import KindTarget
 from cyclone.records import Schedule
 from cyclone.schedules import create_plan, set_enabled_plan, update_plan
 from cyclone.sql import Q
+from cyclone.sql.rows import KeyIdRow
 from cyclone.workflow import Workflow
 
 __all__ = ["ScheduleCalls"]
 
-T = TypeVar("T")
+
+def _get_plan(schedule_id: str) -> Plan[Schedule]:
+    """Read one schedule.
+
+    Raises:
+        NotFoundError: no schedule has that id.
+    """
+    rows: list[Schedule] = yield Stmt(Q.schedules_list, {"id": schedule_id})
+    if not rows:
+        raise NotFoundError(f"schedule {schedule_id!r} does not exist")
+    return rows[0]
 
 
-class ScheduleCalls(AsyncCalls):
+def _write(plan: Plan[None], schedule_id: str) -> Script[Schedule]:
+    """Run a schedule's plan in one transaction, then read the schedule back."""
+    yield Own(plan, atomic=True, engine=True)
+    schedule: Schedule = yield Own(_get_plan(schedule_id), engine=True)
+    return schedule
+
+
+class ScheduleCalls(CallsCore):
     """Schedule calls of ``Client``: create, change, enable, disable, delete, read."""
 
-    async def create_schedule(
+    @twin
+    def create_schedule(
         self,
+        /,
         id: str,
         target: KindTarget | Workflow,
         input: Any,
         cron: str,
         location: str = "Local",
         **options: Any,
-    ) -> Schedule:
+    ) -> Script[Schedule]:
         """Create a cron schedule that fires ``target`` with ``input`` at each slot.
 
         Args:
@@ -68,12 +80,12 @@ class ScheduleCalls(AsyncCalls):
         spec = self.config.schedule_spec(
             id, target, input, cron=cron, location=location, options=options
         )
-        async with self._engine_connection() as conn, conn.transaction():
-            await run_plan_async(conn, create_plan(spec))
-        return await self.get_schedule(spec.id)
+        return (yield from _write(create_plan(spec), spec.id))
 
-    async def update_schedule(
+    @twin
+    def update_schedule(
         self,
+        /,
         id: str,
         *,
         target: KindTarget | Workflow | None = None,
@@ -81,7 +93,7 @@ class ScheduleCalls(AsyncCalls):
         cron: str | None = None,
         location: str | None = None,
         **options: Any,
-    ) -> Schedule:
+    ) -> Script[Schedule]:
         """Change a schedule; what is not given stays as stored.
 
         A new cron expression or zone starts at the first slot after now; a new
@@ -96,57 +108,52 @@ class ScheduleCalls(AsyncCalls):
         rebuild = self.config.schedule_rebuild(
             target=target, input=input, cron=cron, location=location, options=options
         )
-        async with self._engine_connection() as conn, conn.transaction():
-            await run_plan_async(conn, update_plan(check_text(id, "schedule id"), rebuild))
-        return await self.get_schedule(id)
+        return (yield from _write(update_plan(check_text(id, "schedule id"), rebuild), id))
 
-    async def enable_schedule(self, id: str) -> Schedule:
+    @twin
+    def enable_schedule(self, id: str) -> Script[Schedule]:
         """Let scanners fire the schedule again, from its next slot after now.
 
         Raises:
             NotFoundError: no schedule has that id.
         """
-        return await self._set_enabled(id, True)
+        return (yield from _write(set_enabled_plan(check_text(id, "schedule id"), True), id))
 
-    async def disable_schedule(self, id: str) -> Schedule:
+    @twin
+    def disable_schedule(self, id: str) -> Script[Schedule]:
         """Stop firing the schedule (its definition and history stay).
 
         Raises:
             NotFoundError: no schedule has that id.
         """
-        return await self._set_enabled(id, False)
+        return (yield from _write(set_enabled_plan(check_text(id, "schedule id"), False), id))
 
-    async def _set_enabled(self, id: str, enabled: bool) -> Schedule:
-        async with self._engine_connection() as conn, conn.transaction():
-            await run_plan_async(conn, set_enabled_plan(check_text(id, "schedule id"), enabled))
-        return await self.get_schedule(id)
-
-    async def delete_schedule(self, id: str) -> None:
+    @twin
+    def delete_schedule(self, id: str) -> Script[None]:
         """Delete the schedule and its fire records (the fired runs stay).
 
         Raises:
             NotFoundError: no schedule has that id.
         """
-        async with self._engine_connection() as conn:
-            stmt = Stmt(Q.schedules_delete, {"id": check_text(id, "schedule id")})
-            if not await fetch_async(conn, stmt):
-                raise NotFoundError(f"schedule {id!r} does not exist")
+        stmt = Stmt(Q.schedules_delete, {"id": check_text(id, "schedule id")})
+        deleted: list[KeyIdRow] = yield Own(fetch(stmt), engine=True)
+        if not deleted:
+            raise NotFoundError(f"schedule {id!r} does not exist")
 
-    async def get_schedule(self, id: str) -> Schedule:
+    @twin
+    def get_schedule(self, id: str) -> Script[Schedule]:
         """The schedule with that id.
 
         Raises:
             NotFoundError: no schedule has that id.
         """
-        async with self._engine_connection() as conn:
-            stmt = Stmt(Q.schedules_list, {"id": check_text(id, "schedule id")})
-            rows = await fetch_dicts_async(conn, stmt)
-        if not rows:
-            raise NotFoundError(f"schedule {id!r} does not exist")
-        return Schedule.from_row(rows[0])
+        schedule: Schedule = yield Own(_get_plan(check_text(id, "schedule id")), engine=True)
+        return schedule
 
-    async def list_schedules(self) -> list[Schedule]:
+    @twin
+    def list_schedules(self) -> Script[list[Schedule]]:
         """Every schedule, by id."""
-        async with self._engine_connection() as conn:
-            rows = await fetch_dicts_async(conn, Stmt(Q.schedules_list, {"id": None}))
-        return [Schedule.from_row(row) for row in rows]
+        schedules: list[Schedule] = yield Own(
+            fetch(Stmt(Q.schedules_list, {"id": None})), engine=True
+        )
+        return schedules

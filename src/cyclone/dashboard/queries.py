@@ -13,7 +13,7 @@ Timestamps are aware datetimes in UTC, ages and durations seconds (float).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,11 +23,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.config import list_runs_params
 from cyclone.connections import ConnectionSettings, borrow_async
-from cyclone.dbio import Stmt, fetch_dicts_async
+from cyclone.dbio import Stmt, fetch_async
 from cyclone.errors import NotFoundError, ValidationError
-from cyclone.monitor import MAX_LIMIT, QueueStats, StepInfo
+from cyclone.monitor import MAX_LIMIT
 from cyclone.options import check_int, check_text
-from cyclone.records import Run, Schedule, utc_times
+from cyclone.records import QueueStats, Run, Schedule, StepInfo, utc_times
 from cyclone.sql import Q
 from cyclone.states import RunState
 
@@ -157,8 +157,9 @@ def _run_id(value: int) -> int:
     return check_int(value, "run id", 1, 2**63 - 1)
 
 
-def _utc(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [utc_times(row) for row in rows]
+def _utc(rows: Sequence[Any]) -> list[dict[str, Any]]:
+    """Rows of a :mod:`cyclone.sql.dashboard_rows` type as dicts, times in UTC."""
+    return [utc_times(row._asdict()) for row in rows]
 
 
 class Reader:
@@ -180,7 +181,7 @@ class Reader:
 
     async def _rows(self, sql: Any, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         async with self._conn() as conn:
-            return _utc(await fetch_dicts_async(conn, Stmt(sql, params)))
+            return _utc(await fetch_async(conn, Stmt(sql, params)))
 
     # -- pages ------------------------------------------------------------------------
 
@@ -189,12 +190,10 @@ class Reader:
         async with self._conn() as conn:
 
             async def rows(sql: Any, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-                return _utc(await fetch_dicts_async(conn, Stmt(sql, params)))
+                return _utc(await fetch_async(conn, Stmt(sql, params)))
 
             now = (await rows(Q.dashboard_now))[0]["now"]
-            queues = [
-                QueueStats.from_row(tuple(r.values())) for r in await rows(Q.dashboard_queue_stats)
-            ]
+            queues = await fetch_async(conn, Stmt(Q.dashboard_queue_stats))
             active = (await rows(Q.dashboard_active_runs))[0]
             counts = await rows(Q.dashboard_throughput, {"minutes": THROUGHPUT_MINUTES})
             unserved = await rows(Q.dashboard_unserved_kinds, {"grace_s": UNSERVED_GRACE})
@@ -238,28 +237,28 @@ class Reader:
         }
         async with self._conn() as conn:
             if filters.until is None:
-                rows = await fetch_dicts_async(conn, Stmt(Q.dashboard_runs, params))
+                rows = await fetch_async(conn, Stmt(Q.dashboard_runs, params))
             else:
                 top = filters.until
                 if filters.before is not None:
-                    found = await fetch_dicts_async(
+                    found = await fetch_async(
                         conn, Stmt(Q.dashboard_run_created, {"run_id": filters.before})
                     )
                     if found:
-                        top = min(top, found[0]["created_at"])
+                        top = min(top, found[0].created_at)
                 for window in (*RANGE_WINDOWS, None):
                     since = filters.since
                     if window is not None:
                         since = max(since or top - window, top - window)
-                    rows = await fetch_dicts_async(
+                    rows = await fetch_async(
                         conn, Stmt(Q.dashboard_runs_between, {**params, "since": since})
                     )
                     if len(rows) > filters.limit or since == filters.since:
                         break
-        rows = _utc(rows)
-        more = len(rows) > filters.limit
-        rows = rows[: filters.limit]
-        return RunPage(rows, rows[-1]["id"] if more and rows else None)
+        lines = _utc(rows)
+        more = len(lines) > filters.limit
+        lines = lines[: filters.limit]
+        return RunPage(lines, lines[-1]["id"] if more and lines else None)
 
     async def run_exists(self, run_id: int) -> bool:
         """Whether run ``run_id`` exists.
@@ -282,7 +281,7 @@ class Reader:
         async with self._conn() as conn:
 
             async def rows(sql: Any, extra: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-                return _utc(await fetch_dicts_async(conn, Stmt(sql, {**params, **(extra or {})})))
+                return _utc(await fetch_async(conn, Stmt(sql, {**params, **(extra or {})})))
 
             found = await rows(Q.dashboard_run)
             if not found:
@@ -298,7 +297,7 @@ class Reader:
             deps=[(d["node"], d["dep_node"], d["dep_type"]) for d in deps],
         )
         for row in items:
-            view.items.setdefault(row["item_of"], {})[row["state"]] = row["count"]
+            view.items.setdefault(row["item_of"], {})[row["state"]] = row["steps"]
         view.children = {c["node"]: (c["id"], c["state"]) for c in children}
         view.signals = {g["name"]: (g["received"], g["unread"]) for g in signals}
         return view
@@ -373,21 +372,21 @@ class Reader:
 
     async def queues(self) -> list[QueueStats]:
         """Every queue with unfinished work, by name."""
-        rows = await self._rows(Q.dashboard_queue_stats)
-        return [QueueStats.from_row(tuple(r.values())) for r in rows]
+        async with self._conn() as conn:
+            return await fetch_async(conn, Stmt(Q.dashboard_queue_stats))
 
     async def kinds(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], set[str]]:
         """Unfinished steps per kind and state; per kind, completed and failed over the
         last hour; and the kinds no running worker serves."""
         async with self._conn() as conn:
-            active = _utc(await fetch_dicts_async(conn, Stmt(Q.dashboard_kinds)))
-            finished = await fetch_dicts_async(
+            active = _utc(await fetch_async(conn, Stmt(Q.dashboard_kinds)))
+            finished = await fetch_async(
                 conn, Stmt(Q.dashboard_kinds_finished, {"minutes": THROUGHPUT_MINUTES})
             )
-            unserved = await fetch_dicts_async(
+            unserved = await fetch_async(
                 conn, Stmt(Q.dashboard_unserved_kinds, {"grace_s": UNSERVED_GRACE})
             )
-        return active, {r["kind"]: r for r in finished}, {r["kind"] for r in unserved}
+        return active, {r.kind: r._asdict() for r in finished}, {r.kind for r in unserved}
 
     async def workers(self) -> list[dict[str, Any]]:
         """Workers as their leases show them: ``owner``, ``queues``, ``held``,
@@ -398,10 +397,8 @@ class Reader:
         """The database clock and every schedule (at most :data:`MAX_LIMIT`) with the
         state of its last run."""
         async with self._conn() as conn:
-            now = (await fetch_dicts_async(conn, Stmt(Q.dashboard_now)))[0]["now"]
-            rows = _utc(
-                await fetch_dicts_async(conn, Stmt(Q.dashboard_schedules, {"limit": MAX_LIMIT}))
-            )
+            now = (await fetch_async(conn, Stmt(Q.dashboard_now)))[0].now
+            rows = _utc(await fetch_async(conn, Stmt(Q.dashboard_schedules, {"limit": MAX_LIMIT})))
         return now.astimezone(UTC), rows
 
     # -- the JSON API: the CLI's statements and records --------------------------------
@@ -416,8 +413,9 @@ class Reader:
                 before.
         """
         check_int(limit, "limit", 1, MAX_PAGE)
-        rows = await self._rows(Q.runs_list, list_runs_params(state, workflow, limit, before))
-        return [Run.from_row(row) for row in rows]
+        params = list_runs_params(state, workflow, limit, before)
+        async with self._conn() as conn:
+            return await fetch_async(conn, Stmt(Q.runs_list, params))
 
     async def api_run(self, run_id: int) -> tuple[Run, list[StepInfo], list[tuple[str, str]]]:
         """A run, its steps and edges as ``cyclone run --json`` reads them.
@@ -428,24 +426,23 @@ class Reader:
         """
         params = {"run_id": _run_id(run_id)}
         async with self._conn() as conn:
-            found = await fetch_dicts_async(conn, Stmt(Q.runs_get, params))
+            found = await fetch_async(conn, Stmt(Q.runs_get, params))
             if not found:
                 raise NotFoundError(f"run {run_id} does not exist")
-            steps = await fetch_dicts_async(
+            steps = await fetch_async(
                 conn,
                 Stmt(
                     Q.monitor_steps,
                     {**params, "state": None, "kind": None, "queue": None, "limit": MAX_LIMIT},
                 ),
             )
-            deps = await fetch_dicts_async(conn, Stmt(Q.monitor_run_deps, params))
-        infos = [StepInfo.from_row(row) for row in reversed(steps)]
-        return Run.from_row(found[0]), infos, [(d["node"], d["dep_node"]) for d in deps]
+            deps = await fetch_async(conn, Stmt(Q.monitor_run_deps, params))
+        return found[0], list(reversed(steps)), [(d.node, d.dep_node) for d in deps]
 
     async def api_schedules(self) -> list[Schedule]:
         """Every schedule as ``cyclone schedules --json`` lists them."""
-        rows = await self._rows(Q.schedules_list, {"id": None})
-        return [Schedule.from_row(row) for row in rows]
+        async with self._conn() as conn:
+            return await fetch_async(conn, Stmt(Q.schedules_list, {"id": None}))
 
     async def api_run_record(self, run_id: int) -> Run:
         """The run as ``get_run`` returns it.
@@ -453,10 +450,11 @@ class Reader:
         Raises:
             NotFoundError: no run has that id.
         """
-        found = await self._rows(Q.runs_get, {"run_id": _run_id(run_id)})
+        async with self._conn() as conn:
+            found = await fetch_async(conn, Stmt(Q.runs_get, {"run_id": _run_id(run_id)}))
         if not found:
             raise NotFoundError(f"run {run_id} does not exist")
-        return Run.from_row(found[0])
+        return found[0]
 
 
 def parse_time(value: str, name: str) -> datetime:

@@ -21,12 +21,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, batch_async, batch_sync
+from cyclone.dbio import Plan, Stmt, batch_async
 from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
+from cyclone.sql.rows import IdRow
 
-__all__ = ["PASS_BATCHES", "PURGE_BATCH", "Purger", "purge_async", "purge_sync"]
+__all__ = ["PASS_BATCHES", "PURGE_BATCH", "Purger", "purge_async", "purge_plan"]
 
 log = logging.getLogger("cyclone.purge")
 
@@ -36,7 +37,7 @@ PASS_BATCHES = 20
 """Batches one background pass runs before it gives its connection back."""
 
 
-def _stmts(older_than: float | None, batch: int) -> list[Stmt]:
+def _stmts(older_than: float | None, batch: int) -> list[Stmt[Any]]:
     """One purge transaction's statements: no JIT for it (``runs_purge_plan``), then the
     delete of one batch."""
     if older_than is None:
@@ -66,8 +67,8 @@ async def purge_async(
     done = 0
     while max_batches is None or done < max_batches:
         async with conn.transaction():
-            rows = await batch_async(conn, _stmts(older_than, batch), transaction=False)
-            deleted = len(rows[-1])
+            results = await batch_async(conn, _stmts(older_than, batch), transaction=False)
+            deleted = len(results.typed(IdRow))
         total += deleted
         done += 1
         if deleted < batch:
@@ -75,20 +76,13 @@ async def purge_async(
     return total
 
 
-def purge_sync(
-    conn: psycopg.Connection[Any],
-    older_than: float | None = None,
-    *,
-    batch: int = PURGE_BATCH,
-) -> int:
-    """:func:`purge_async` on a synchronous connection, until none is left."""
-    total = 0
-    while True:
-        with conn.transaction():
-            deleted = len(batch_sync(conn, _stmts(older_than, batch), transaction=False)[-1])
-        total += deleted
-        if deleted < batch:
-            return total
+def purge_plan(older_than: float | None = None, batch: int = PURGE_BATCH) -> Plan[int]:
+    """One purge batch as a plan, for a transaction of the caller's: the number of runs
+    it deleted (fewer than ``batch``: none is left)."""
+    deleted = 0
+    for stmt in _stmts(older_than, batch):
+        deleted = len((yield stmt))
+    return deleted
 
 
 class Purger(Periodic):

@@ -31,11 +31,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from cyclone.dbio import Stmt, fetch_async, fetch_dicts_async, run_plan_async
+from cyclone.dbio import Stmt, fetch_async, run_plan_async
 from cyclone.options import micros
 from cyclone.scanners.loop import Periodic
 from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, FirePlan, fire_plan
 from cyclone.sql import Q
+from cyclone.sql.rows import DueScheduleRow
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
 from cyclone.wakeups import Announcer, Wakeups
 
@@ -105,10 +106,10 @@ class ScheduleScanner(Periodic):
         """Claim the due schedules and fire one slot of each; returns what it did."""
         return await self.fire(await self.claim())
 
-    async def claim(self) -> list[dict[str, Any]]:
+    async def claim(self) -> list[DueScheduleRow]:
         """Take the scanner lease on due schedules this client can fire; their rows."""
         async with self._pool.connection() as conn:
-            return await fetch_dicts_async(
+            return await fetch_async(
                 conn,
                 Stmt(
                     Q.schedules_claim,
@@ -121,7 +122,7 @@ class ScheduleScanner(Periodic):
                 ),
             )
 
-    async def fire(self, claimed: list[dict[str, Any]]) -> ScheduleScanResult:
+    async def fire(self, claimed: list[DueScheduleRow]) -> ScheduleScanResult:
         """Fire one slot of each claimed schedule, each in its own transaction."""
         fired = failed = lost = 0
         for row in claimed:
@@ -132,13 +133,13 @@ class ScheduleScanner(Periodic):
                 continue
             except Exception as exc:
                 failed += 1
-                await self._record_failure(row["id"], exc)
+                await self._record_failure(row.id, exc)
                 continue
             fired += 1
             self._announcer.announce(Wakeups.of_queues(queues))
         return ScheduleScanResult(fired=fired, failed=failed, lost=lost)
 
-    async def _fire(self, row: dict[str, Any]) -> set[str]:
+    async def _fire(self, row: DueScheduleRow) -> set[str]:
         """Fire one slot of a claimed schedule; the queues its run went to.
 
         Raises:
@@ -148,16 +149,16 @@ class ScheduleScanner(Periodic):
         # a long catch-up walk is CPU work: off the event loop
         plan = await asyncio.to_thread(
             fire_plan,
-            row["cron_spec"],
-            row["location"],
-            row["next_run_at"],
-            row["now"],
+            row.cron_spec,
+            row.location,
+            row.next_run_at,
+            row.now,
             self.catch_up,
         )
         if plan.skipped:
             log.info(
                 "schedule %r: %s missed slot(s) before %s not fired (catch-up 'latest')",
-                row["id"],
+                row.id,
                 f"{plan.skipped}+" if plan.skipped >= SKIP_COUNT_LIMIT else plan.skipped,
                 plan.slot.isoformat(),
             )
@@ -167,20 +168,20 @@ class ScheduleScanner(Periodic):
             # The slot has a fire row already (next_run_at was moved back by hand): it
             # fired once, so it is passed over rather than counted as a failure.
             await self._pass_over(row, plan)
-            raise _LostSlot(row["id"]) from None
-        log.info("schedule %r fired slot %s: run %d", row["id"], plan.slot.isoformat(), run_id)
+            raise _LostSlot(row.id) from None
+        log.info("schedule %r fired slot %s: run %d", row.id, plan.slot.isoformat(), run_id)
         return queues
 
-    async def _insert_fire(self, row: dict[str, Any], plan: FirePlan) -> tuple[int, set[str]]:
+    async def _insert_fire(self, row: DueScheduleRow, plan: FirePlan) -> tuple[int, set[str]]:
         """The fire transaction: the run, then the guarded move and the fire row."""
         async with self._pool.connection() as conn, conn.transaction():
-            if row["def_version"] is None:
-                rows = await fetch_async(conn, Stmt(Q.steps_enqueue, _enqueue_params(row)))
-                run_id: int = rows[0][1]
-                queues = {row["queue"]}
+            if row.def_version is None:
+                (enqueued,) = await fetch_async(conn, Stmt(Q.steps_enqueue, _enqueue_params(row)))
+                run_id = enqueued.run_id
+                queues = {row.queue}
             else:
-                compiled = self._definitions[row["def_version"]]
-                request = SubmitRequest.build(compiled, json.loads(row["input"]))
+                compiled = self._definitions[row.def_version]
+                request = SubmitRequest.build(compiled, json.loads(row.input))
                 run_id = (await run_plan_async(conn, submit_plan(request))).run_id
                 queues = set(compiled.queues)
             done = await fetch_async(
@@ -188,9 +189,9 @@ class ScheduleScanner(Periodic):
                 Stmt(
                     Q.schedules_fired,
                     {
-                        "id": row["id"],
+                        "id": row.id,
                         "owner": self._owner,
-                        "due": row["next_run_at"],
+                        "due": row.next_run_at,
                         "slot": plan.slot,
                         "next_run_at": plan.next_run_at,
                         "run_id": run_id,
@@ -198,26 +199,26 @@ class ScheduleScanner(Periodic):
                 ),
             )
             if not done:
-                raise _LostSlot(row["id"])
+                raise _LostSlot(row.id)
         return run_id, queues
 
-    async def _pass_over(self, row: dict[str, Any], plan: FirePlan) -> None:
+    async def _pass_over(self, row: DueScheduleRow, plan: FirePlan) -> None:
         async with self._pool.connection() as conn:
             moved = await fetch_async(
                 conn,
                 Stmt(
                     Q.schedules_pass_over,
                     {
-                        "id": row["id"],
+                        "id": row.id,
                         "owner": self._owner,
-                        "due": row["next_run_at"],
+                        "due": row.next_run_at,
                         "slot": plan.slot,
                         "next_run_at": plan.next_run_at,
                     },
                 ),
             )
         if moved:
-            log.warning("schedule %r: slot %s has fired before; passed over", row["id"], plan.slot)
+            log.warning("schedule %r: slot %s has fired before; passed over", row.id, plan.slot)
 
     async def _record_failure(self, schedule_id: str, exc: Exception) -> None:
         error = f"{type(exc).__name__}: {exc}"
@@ -233,22 +234,25 @@ class ScheduleScanner(Periodic):
             )
         if rows:
             log.warning(
-                "schedule %r failed to fire (%d in a row): %s", schedule_id, rows[0][0], error
+                "schedule %r failed to fire (%d in a row): %s",
+                schedule_id,
+                rows[0].consecutive_failures,
+                error,
             )
 
 
-def _enqueue_params(row: Mapping[str, Any]) -> dict[str, Any]:
+def _enqueue_params(row: DueScheduleRow) -> dict[str, Any]:
     """``steps_enqueue`` parameters for a kind schedule's fire (the row's options)."""
     return {
-        "kind": row["kind"],
-        "queue": row["queue"],
-        "priority": row["priority"],
-        "max_attempts": row["max_attempts"],
+        "kind": row.kind,
+        "queue": row.queue,
+        "priority": row.priority,
+        "max_attempts": row.max_attempts,
         "scheduled_at": None,
         "delay_us": 0,
-        "timeout_us": row["timeout_us"],
+        "timeout_us": row.timeout_us,
         "unique_key": None,
         "sequence_key": None,
-        "retention_us": row["retention_us"],
-        "input": row["input"],
+        "retention_us": row.retention_us,
+        "input": row.input,
     }

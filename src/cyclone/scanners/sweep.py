@@ -18,6 +18,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
+from cyclone.graph import parse_advanced
 from cyclone.scanners.loop import Periodic
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
@@ -65,31 +66,23 @@ class Sweeper(Periodic):
             rows = await fetch_async(conn, Stmt(Q.steps_sweep_candidates, {"limit": self._batch}))
         seen: set[int] = set()
         reclaimed = discarded = 0
-        for step_id, run_id, generation, reclaims, timed_out in rows:
-            if step_id in seen:
+        for row in rows:
+            if row.id in seen:
                 continue
-            seen.add(step_id)
-            stmts, is_discard = reclaim_stmts(
-                step_id=step_id,
-                run_id=run_id,
-                generation=generation,
-                reclaims=reclaims,
-                timed_out=timed_out,
-                max_reclaims=self.max_reclaims,
-            )
+            seen.add(row.id)
+            stmts, is_discard = reclaim_stmts(row, max_reclaims=self.max_reclaims)
             async with self._pool.connection() as conn:
-                result = await batch_async(conn, stmts, transaction=is_discard)
+                results = await batch_async(conn, stmts, transaction=is_discard)
             if is_discard:
-                ended = {row[1] for row in result[-1]}  # child runs ended
-                if result[1]:
+                ended = set(parse_advanced(results).finished)  # child runs ended
+                if results.of(Q.steps_reclaim_discard):
                     discarded += 1
-                    log.warning("step %d discarded: reclaim limit reached", step_id)
-                    ended.add(run_id)
+                    log.warning("step %d discarded: reclaim limit reached", row.id)
+                    ended.add(row.run_id)
                 self._announcer.announce(NO_WAKEUPS, ended)
-            elif result[0]:
+            elif back := results.of(Q.steps_reclaim):
                 reclaimed += 1
-                log.info(
-                    "step %d reclaimed (%s)", step_id, "timeout" if timed_out else "lease expired"
-                )
-                self._announcer.announce(Wakeups.of_queues((result[0][0][1],)))
+                why = "timeout" if row.timed_out else "lease expired"
+                log.info("step %d reclaimed (%s)", row.id, why)
+                self._announcer.announce(Wakeups.of_queues(step.queue for step in back))
         return SweepResult(reclaimed=reclaimed, discarded=discarded)

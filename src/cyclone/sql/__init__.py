@@ -2,22 +2,94 @@
 
 The statements live in ``cyclone/sql/<resource>.sql`` as blocks that start with
 ``-- name: <resource>_<verb>``; they are parsed once at import. Each one is an attribute
-of :data:`Q` typed as ``LiteralString``, so a statement glued together from runtime
-strings fails type checking, and a misspelt name fails ``mypy``. ``tests/unit`` checks
-that the declared names and the files agree.
+of :data:`Q`, a :class:`Query` that carries the statement's text (a ``LiteralString``,
+so a statement glued together from runtime strings fails type checking) and the type of
+its rows (:mod:`cyclone.sql.rows`, or a public record): a misspelt name or a row read
+by a field it does not have fails ``mypy``, and a column list that no longer matches the
+declared type fails when the statement first returns rows. ``tests/unit`` checks that
+the declared names and the files agree.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
-from typing import LiteralString
+from typing import Generic, LiteralString, TypeVar, get_args, get_type_hints
+
+from cyclone.records import KindStats, QueueStats, Run, Schedule, Step, StepInfo
+from cyclone.sql.dashboard_rows import (
+    ActiveRunsRow,
+    ChildRunRow,
+    CreatedRow,
+    EdgeRow,
+    FailureRow,
+    ItemCountRow,
+    ItemLineRow,
+    KindFinishedRow,
+    KindLineRow,
+    LiveStatesRow,
+    MailboxRow,
+    MinuteRow,
+    RunLineRow,
+    RunPageRow,
+    ScheduleLineRow,
+    StepLineRow,
+    StepValuesRow,
+    UnservedRow,
+    ValueRow,
+    WorkerRow,
+)
+from cyclone.sql.rows import (
+    BackendRow,
+    ChildDoneRow,
+    ChildStartRow,
+    ClaimRow,
+    DepRow,
+    DiscardRow,
+    DueScheduleRow,
+    EnqueuedRow,
+    FailedFireRow,
+    FanOutRow,
+    FiredRow,
+    GraphRow,
+    HeartbeatRow,
+    IdRow,
+    KeyedEnqueuedRow,
+    KeyIdRow,
+    LockedScheduleRow,
+    NowRow,
+    OutputRow,
+    ParentRow,
+    PausedRow,
+    QueueRow,
+    ResumedRow,
+    RetryRow,
+    RunCancelledRow,
+    RunStateRow,
+    RunVersionRow,
+    SignalRow,
+    SignalTimeoutRow,
+    StateRow,
+    StepQueueRow,
+    StepRunRow,
+    SubmitKeyRow,
+    SweepRow,
+    TerminatedRow,
+    TextRow,
+    VersionRow,
+    WaitRow,
+    WokenEnqueuedRow,
+)
+
+R = TypeVar("R")
 
 __all__ = [
     "CLAIM_LIMITS",
     "Q",
     "Queries",
+    "Query",
     "claim_limit",
     "claim_sql",
     "load_blocks",
@@ -125,127 +197,151 @@ def load_fragments(text: str, fragments: Mapping[str, str] | None = None) -> dic
     return known
 
 
+@dataclass(frozen=True, slots=True)
+class Query(Generic[R]):
+    """One statement: its ``name``, its ``sql`` and the type of its rows.
+
+    ``row`` is a :class:`typing.NamedTuple` of :mod:`cyclone.sql.rows` (made from the
+    columns in order, after a check that their names are the tuple's fields), a record
+    with a ``from_row(dict)`` class method (made from the columns by name), or
+    ``NoneType`` for a statement whose rows, if any, are not read.
+    """
+
+    name: str
+    sql: LiteralString
+    row: type[R]
+
+    def with_sql(self, sql: LiteralString) -> Query[R]:
+        """This statement with another text of the same columns (a variant the loader
+        or :func:`claim_sql` writes, never one built from runtime values)."""
+        return Query(self.name, sql, self.row)
+
+    @staticmethod
+    def plain(sql: LiteralString) -> Query[None]:
+        """A statement that is not a named block and whose rows are not read
+        (transaction control, session settings)."""
+        return Query("plain", sql, type(None))
+
+
 class Queries:
     """The named statements, loaded from the package's ``.sql`` files."""
 
     # steps.sql
-    steps_enqueue: LiteralString
-    steps_enqueue_woken: LiteralString
-    steps_find_unique: LiteralString
-    steps_enqueue_many: LiteralString
-    steps_enqueue_keyed: LiteralString
-    steps_find_submit_keys: LiteralString
-    steps_claim: LiteralString
-    steps_sequence_lock: LiteralString
-    steps_sequence_release: LiteralString
-    steps_heartbeat: LiteralString
-    steps_complete: LiteralString
-    steps_outputs: LiteralString
-    steps_release_mismatch: LiteralString
-    steps_retry: LiteralString
-    steps_discard: LiteralString
-    steps_release: LiteralString
-    steps_sweep_candidates: LiteralString
-    steps_reclaim: LiteralString
-    steps_reclaim_discard: LiteralString
-    steps_list: LiteralString
-    steps_timers_due: LiteralString
-    steps_signal_timeouts_due: LiteralString
-    steps_discard_wait: LiteralString
-    steps_fan_outs_lock: LiteralString
-    steps_fan_outs_state: LiteralString
-    steps_release_items: LiteralString
-    steps_fan_out_collect: LiteralString
-    steps_discard_fan_out: LiteralString
-    steps_children_to_start: LiteralString
-    steps_children_done: LiteralString
-    steps_discard_child: LiteralString
-    steps_orphaned_children: LiteralString
-    steps_tx_backend: LiteralString
-    steps_end_tx_backend: LiteralString
+    steps_enqueue: Query[EnqueuedRow]
+    steps_enqueue_woken: Query[WokenEnqueuedRow]
+    steps_find_unique: Query[EnqueuedRow]
+    steps_enqueue_many: Query[EnqueuedRow]
+    steps_enqueue_keyed: Query[KeyedEnqueuedRow]
+    steps_find_submit_keys: Query[SubmitKeyRow]
+    steps_claim: Query[ClaimRow]
+    steps_sequence_lock: Query[None]
+    steps_sequence_release: Query[IdRow]
+    steps_heartbeat: Query[HeartbeatRow]
+    steps_complete: Query[GraphRow]
+    steps_outputs: Query[OutputRow]
+    steps_release_mismatch: Query[StepQueueRow]
+    steps_retry: Query[IdRow]
+    steps_discard: Query[IdRow]
+    steps_release: Query[StepQueueRow]
+    steps_sweep_candidates: Query[SweepRow]
+    steps_reclaim: Query[StepQueueRow]
+    steps_reclaim_discard: Query[IdRow]
+    steps_list: Query[Step]
+    steps_timers_due: Query[StepRunRow]
+    steps_signal_timeouts_due: Query[SignalTimeoutRow]
+    steps_discard_waiting: Query[IdRow]
+    steps_fan_outs_lock: Query[IdRow]
+    steps_fan_outs_state: Query[FanOutRow]
+    steps_release_items: Query[QueueRow]
+    steps_fan_out_collect: Query[TextRow]
+    steps_children_to_start: Query[ChildStartRow]
+    steps_children_done: Query[ChildDoneRow]
+    steps_orphaned_children: Query[ParentRow]
+    steps_tx_backend: Query[BackendRow]
+    steps_end_tx_backend: Query[TerminatedRow]
     # graph.sql
-    graph_advance: LiteralString
-    graph_expand_fan_outs: LiteralString
-    graph_restore: LiteralString
-    graph_resolve_discard: LiteralString
+    graph_advance: Query[GraphRow]
+    graph_expand_fan_outs: Query[GraphRow]
+    graph_restore: Query[GraphRow]
+    graph_resolve_discard: Query[DiscardRow]
     # runs.sql
-    runs_lock: LiteralString
-    runs_submit: LiteralString
-    runs_find_submit_key: LiteralString
-    runs_fail_deadline: LiteralString
-    runs_pause: LiteralString
-    runs_resume: LiteralString
-    runs_retry: LiteralString
-    runs_read_committed: LiteralString
-    runs_cancel: LiteralString
-    runs_cancel_children: LiteralString
-    runs_get: LiteralString
-    runs_list: LiteralString
-    runs_purge_plan: LiteralString
-    runs_purge: LiteralString
-    runs_purge_older: LiteralString
-    runs_state: LiteralString
+    runs_lock: Query[IdRow]
+    runs_submit: Query[IdRow]
+    runs_find_submit_key: Query[RunVersionRow]
+    runs_fail_deadline: Query[RunCancelledRow]
+    runs_pause: Query[PausedRow]
+    runs_resume: Query[ResumedRow]
+    runs_retry: Query[RetryRow]
+    runs_read_committed: Query[None]
+    runs_cancel: Query[RunCancelledRow]
+    runs_cancel_children: Query[GraphRow]
+    runs_get: Query[Run]
+    runs_list: Query[Run]
+    runs_purge_plan: Query[None]
+    runs_purge: Query[IdRow]
+    runs_purge_older: Query[IdRow]
+    runs_state: Query[StateRow]
     # signals.sql
-    signals_run_lock: LiteralString
-    signals_waits: LiteralString
-    signals_unconsumed: LiteralString
-    signals_insert: LiteralString
-    signals_consume: LiteralString
-    signals_ready_runs: LiteralString
+    signals_run_lock: Query[RunStateRow]
+    signals_waits: Query[WaitRow]
+    signals_unconsumed: Query[SignalRow]
+    signals_insert: Query[IdRow]
+    signals_consume: Query[IdRow]
+    signals_ready_runs: Query[IdRow]
     # schedules.sql
-    schedules_now: LiteralString
-    schedules_insert: LiteralString
-    schedules_lock: LiteralString
-    schedules_replace: LiteralString
-    schedules_set_enabled: LiteralString
-    schedules_delete: LiteralString
-    schedules_list: LiteralString
-    schedules_claim: LiteralString
-    schedules_fired: LiteralString
-    schedules_pass_over: LiteralString
-    schedules_failed: LiteralString
+    schedules_now: Query[NowRow]
+    schedules_insert: Query[KeyIdRow]
+    schedules_lock: Query[LockedScheduleRow]
+    schedules_replace: Query[KeyIdRow]
+    schedules_set_enabled: Query[KeyIdRow]
+    schedules_delete: Query[KeyIdRow]
+    schedules_list: Query[Schedule]
+    schedules_claim: Query[DueScheduleRow]
+    schedules_fired: Query[FiredRow]
+    schedules_pass_over: Query[KeyIdRow]
+    schedules_failed: Query[FailedFireRow]
     # notify.sql
-    notify_publish: LiteralString
-    notify_available: LiteralString
-    notify_listen: LiteralString
-    notify_listen_done: LiteralString
-    notify_unlisten_done: LiteralString
+    notify_publish: Query[None]
+    notify_available: Query[None]
+    notify_listen: Query[None]
+    notify_listen_done: Query[None]
+    notify_unlisten_done: Query[None]
     # migrate.sql
-    migrate_lock: LiteralString
-    migrate_version_table: LiteralString
-    migrate_applied: LiteralString
-    migrate_current: LiteralString
-    migrate_record: LiteralString
+    migrate_lock: Query[None]
+    migrate_version_table: Query[None]
+    migrate_applied: Query[VersionRow]
+    migrate_current: Query[VersionRow]
+    migrate_record: Query[None]
     # monitor.sql
-    monitor_queues: LiteralString
-    monitor_kinds: LiteralString
-    monitor_steps: LiteralString
-    monitor_run_deps: LiteralString
+    monitor_queues: Query[QueueStats]
+    monitor_kinds: Query[KindStats]
+    monitor_steps: Query[StepInfo]
+    monitor_run_deps: Query[DepRow]
     # dashboard.sql
-    dashboard_queue_stats: LiteralString
-    dashboard_active_runs: LiteralString
-    dashboard_throughput: LiteralString
-    dashboard_statement_timeout: LiteralString
-    dashboard_now: LiteralString
-    dashboard_unserved_kinds: LiteralString
-    dashboard_recent_failures: LiteralString
-    dashboard_runs: LiteralString
-    dashboard_runs_between: LiteralString
-    dashboard_run_created: LiteralString
-    dashboard_run: LiteralString
-    dashboard_run_steps: LiteralString
-    dashboard_run_items: LiteralString
-    dashboard_run_deps: LiteralString
-    dashboard_run_children: LiteralString
-    dashboard_run_signals: LiteralString
-    dashboard_run_states: LiteralString
-    dashboard_step: LiteralString
-    dashboard_step_value: LiteralString
-    dashboard_run_items_page: LiteralString
-    dashboard_kinds: LiteralString
-    dashboard_kinds_finished: LiteralString
-    dashboard_workers: LiteralString
-    dashboard_schedules: LiteralString
+    dashboard_queue_stats: Query[QueueStats]
+    dashboard_active_runs: Query[ActiveRunsRow]
+    dashboard_throughput: Query[MinuteRow]
+    dashboard_statement_timeout: Query[None]
+    dashboard_now: Query[NowRow]
+    dashboard_unserved_kinds: Query[UnservedRow]
+    dashboard_recent_failures: Query[FailureRow]
+    dashboard_runs: Query[RunLineRow]
+    dashboard_runs_between: Query[RunLineRow]
+    dashboard_run_created: Query[CreatedRow]
+    dashboard_run: Query[RunPageRow]
+    dashboard_run_steps: Query[StepLineRow]
+    dashboard_run_items: Query[ItemCountRow]
+    dashboard_run_deps: Query[EdgeRow]
+    dashboard_run_children: Query[ChildRunRow]
+    dashboard_run_signals: Query[MailboxRow]
+    dashboard_run_states: Query[LiveStatesRow]
+    dashboard_step: Query[StepValuesRow]
+    dashboard_step_value: Query[ValueRow]
+    dashboard_run_items_page: Query[ItemLineRow]
+    dashboard_kinds: Query[KindLineRow]
+    dashboard_kinds_finished: Query[KindFinishedRow]
+    dashboard_workers: Query[WorkerRow]
+    dashboard_schedules: Query[ScheduleLineRow]
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)
@@ -263,8 +359,10 @@ class Queries:
             missing = sorted(declared - set(found))
             extra = sorted(set(found) - declared)
             raise RuntimeError(f"SQL blocks out of step: missing {missing}, undeclared {extra}")
+        hints = get_type_hints(type(self))
         for name, statement in found.items():
-            setattr(self, name, statement)
+            (row,) = get_args(hints[name])
+            setattr(self, name, Query(name, statement, row))
 
 
 Q = Queries()
@@ -276,8 +374,8 @@ CLAIM_LIMITS = (
 )
 """The ``LIMIT`` values a claim statement is written with (at most 1.25x apart)."""
 
-_CLAIMS: dict[int, LiteralString] = {
-    n: Q.steps_claim.replace("%(limit)s", str(n)) for n in CLAIM_LIMITS
+_CLAIMS: dict[int, Query[ClaimRow]] = {
+    n: Q.steps_claim.with_sql(Q.steps_claim.sql.replace("%(limit)s", str(n))) for n in CLAIM_LIMITS
 }
 
 
@@ -286,7 +384,7 @@ def claim_limit(wanted: int) -> int:
     return max(n for n in CLAIM_LIMITS if n <= max(1, wanted))
 
 
-def claim_sql(limit: int) -> LiteralString:
+def claim_sql(limit: int) -> Query[ClaimRow]:
     """``steps_claim`` with its ``LIMIT`` written as the constant ``limit``, one of
     :data:`CLAIM_LIMITS`.
 

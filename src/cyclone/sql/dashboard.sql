@@ -179,7 +179,7 @@ LIMIT %(limit)s;
 -- name: dashboard_run_items
 -- The item tasks of one run's fan-outs, counted per fan-out node and state
 -- (idx_steps_items).
-SELECT s.item_of, s.state, count(*) AS count
+SELECT s.item_of, s.state, count(*) AS steps
 FROM cyclone_steps s
 WHERE s.run_id = %(run_id)s
   AND s.item_of IS NOT NULL
@@ -297,11 +297,11 @@ LIMIT %(limit)s;
 -- Claimable, running and waiting steps per kind and state, with the oldest claimable
 -- age and the expired leases, from the engine's partial indexes as
 -- dashboard_queue_stats reads them (pending and paused steps are not counted).
-SELECT k.kind, k.state, sum(k.count)::bigint AS count,
+SELECT k.kind, k.state, sum(k.steps)::bigint AS steps,
        extract(epoch FROM max(k.oldest))::float8 AS oldest_available_age,
        sum(k.expired)::bigint AS expired_leases
 FROM (
-    SELECT s.kind, s.state, count(*) AS count,
+    SELECT s.kind, s.state, count(*) AS steps,
            max(now() - s.scheduled_at) FILTER (WHERE s.scheduled_at <= now()) AS oldest,
            0 AS expired
     FROM cyclone_steps s WHERE s.state = 'available' GROUP BY s.kind, s.state

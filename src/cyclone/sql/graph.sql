@@ -11,13 +11,27 @@
 -- cyclone.graph. Each runs under the run row locks of its transaction (runs_lock).
 
 
+-- fragment: complete_steps_in_v
+-- The completion of the steps of a CTE v (id, output, ...): the caller adds the CAS
+-- that guards each row, then its RETURNING.
+UPDATE cyclone_steps s
+SET state = 'completed',
+    output = v.output,
+    completed_at = statement_timestamp(),
+    lease_owner = NULL,
+    lease_expiry = NULL
+FROM v
+WHERE s.id = ANY(ARRAY(SELECT id FROM v))
+  AND s.id = v.id
+
+
 -- name: graph_advance
 -- Complete steps of workflow runs, each row guarded by its own CAS; advance their runs;
 -- finish every run left with no active step (an item task's completion never finishes
 -- one: its fan-out node is still active). Runs under the run row locks (runs_lock), in
 -- the completion transaction of held steps (after the handler's completion_tx() writes)
--- or in a scanner's transaction. %(completions)s is a JSON array of
--- [id, lease generation, lease owner, output, waiting] (graph.Completion): a held step
+-- or in a scanner's transaction. The completions come as aligned arrays (%(ids)s,
+-- %(generations)s, %(owners)s, %(outputs)s, %(waiting)s: graph.Completion): a held step
 -- names its lease; a wait completed by a scanner or a signal names instead the waiting
 -- state its CAS expects (owner and generation null). A null output is stored as NULL.
 -- Advance: a pending dependent of a completed step (idx_deps_depnode) is reached once
@@ -32,22 +46,12 @@
 -- whether a signal wait or a child node was reached or an item task finished (a pass
 -- of the wait scanner, fan-out part only for the last).
 WITH v AS (
-    SELECT (e ->> 0)::bigint AS id,
-           (e ->> 1)::bigint AS generation,
-           e ->> 2 AS owner,
-           nullif(e -> 3, 'null'::jsonb) AS output,
-           e ->> 4 AS waiting
-    FROM jsonb_array_elements(%(completions)s::jsonb) AS e
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[],
+                %(outputs)s::jsonb[], %(waiting)s::text[])
+        AS v (id, generation, owner, output, waiting)
 ), done AS (
-    UPDATE cyclone_steps s
-    SET state = 'completed',
-        output = v.output,
-        completed_at = statement_timestamp(),
-        lease_owner = NULL,
-        lease_expiry = NULL
-    FROM v
-    WHERE s.id = ANY(ARRAY(SELECT id FROM v))
-      AND s.id = v.id
+    -- use: complete_steps_in_v
       AND ((v.waiting IS NULL
             AND (s.state = 'running') IS TRUE
             AND s.lease_owner = v.owner
@@ -77,10 +81,7 @@ WITH v AS (
       AND s.fan_out_parallel IS NULL
     RETURNING s.queue, s.state
 ), finished AS (
-    UPDATE cyclone_runs r
-    SET state = 'completed',
-        finished_at = statement_timestamp(),
-        updated_at = statement_timestamp()
+    -- use: run_completed_by_statement
     -- An item task's completion never finishes its run: its fan-out node stays pending
     -- (or paused) until the fan-out scanner completes it after the last item, and that
     -- completion checks. Skipping the check keeps an item's completion from searching
@@ -228,12 +229,9 @@ WITH RECURSIVE discarded AS (
 ), items AS (
     -- ... and cancels its other active items.
     UPDATE cyclone_steps i
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = 'item ' || x.step_node || ' was discarded',
-        error_kind = 'item_discarded'
+    SET error = 'item ' || x.step_node || ' was discarded',
+        error_kind = 'item_discarded',
+        -- use: step_cancelled
     FROM discarded x
     WHERE x.item_of IS NOT NULL
       AND i.run_id = x.run_id
@@ -264,8 +262,7 @@ WITH RECURSIVE discarded AS (
 ), failed AS (
     UPDATE cyclone_runs r
     SET state = 'failed',
-        finished_at = now(),
-        updated_at = now()
+        -- use: run_ended_now
     FROM verdict v
     WHERE r.id = %(run_id)s
       AND r.state IN ('running', 'paused')
@@ -273,11 +270,7 @@ WITH RECURSIVE discarded AS (
     RETURNING r.id, r.result_node, v.fatal
 ), cancelled AS (
     UPDATE cyclone_steps s
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = CASE
+    SET error = CASE
             WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
                 THEN 'result node cancelled'
             WHEN s.node IN (SELECT node FROM branch)
@@ -287,7 +280,8 @@ WITH RECURSIVE discarded AS (
             WHEN s.node = (SELECT result_node FROM failed WHERE NOT fatal)
                 THEN 'result_node_cancelled'
             WHEN s.node IN (SELECT node FROM branch) THEN 'dep_discarded'
-            ELSE 'run_failed' END
+            ELSE 'run_failed' END,
+        -- use: step_cancelled
     FROM verdict v
     WHERE s.run_id = %(run_id)s
       AND s.id <> %(step_id)s
@@ -302,8 +296,7 @@ WITH RECURSIVE discarded AS (
 ), finished AS (
     UPDATE cyclone_runs r
     SET state = 'completed',
-        finished_at = now(),
-        updated_at = now()
+        -- use: run_ended_now
     FROM verdict v
     WHERE r.id = %(run_id)s
       AND r.state IN ('running', 'paused')

@@ -27,7 +27,7 @@ SELECT version FROM cyclone_schema_version ORDER BY version;
 
 -- name: migrate_current
 -- The newest applied version (fails with undefined_table before the first migrate).
-SELECT coalesce(max(version), 0) FROM cyclone_schema_version;
+SELECT coalesce(max(version), 0) AS version FROM cyclone_schema_version;
 
 
 -- name: migrate_record

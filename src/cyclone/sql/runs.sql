@@ -101,17 +101,14 @@ WITH RECURSIVE tree (id) AS (
 ), cancelled_run AS (
     UPDATE cyclone_runs
     SET state = 'cancelled',
-        finished_at = now(),
-        updated_at = now()
+        -- use: run_ended_now
     WHERE id IN (SELECT id FROM tree)
       AND state IN ('running', 'paused')
     RETURNING id
 ), cancelled_steps AS (
     UPDATE cyclone_steps s
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL
+    SET
+        -- use: step_cancelled
     FROM cancelled_run
     WHERE s.run_id = cancelled_run.id
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
@@ -160,20 +157,16 @@ WITH RECURSIVE tree (id) AS (
 ), cancelled_run AS (
     UPDATE cyclone_runs r
     SET state = 'cancelled',
-        finished_at = now(),
-        updated_at = now()
+        -- use: run_ended_now
     FROM locked
     WHERE r.id = locked.id
       AND r.state IN ('running', 'paused')
     RETURNING r.id, r.parent_run_id, r.parent_node_id
 ), cancelled_steps AS (
     UPDATE cyclone_steps s
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = 'parent ended: node ' || c.parent_node_id || ' of run ' || c.parent_run_id,
-        error_kind = 'parent_ended'
+    SET error = 'parent ended: node ' || c.parent_node_id || ' of run ' || c.parent_run_id,
+        error_kind = 'parent_ended',
+        -- use: step_cancelled
     FROM cancelled_run c
     WHERE s.run_id = c.id
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
@@ -222,26 +215,22 @@ WITH due AS (
 ), failed AS (
     UPDATE cyclone_runs r
     SET state = 'failed',
-        finished_at = now(),
-        updated_at = now()
+        -- use: run_ended_now
     FROM due
     WHERE r.id = due.id
       AND r.state = 'running'
     RETURNING r.id
 ), cancelled AS (
     UPDATE cyclone_steps s
-    SET state = 'cancelled',
-        completed_at = now(),
-        lease_owner = NULL,
-        lease_expiry = NULL,
-        error = 'run deadline passed',
-        error_kind = 'deadline'
+    SET error = 'run deadline passed',
+        error_kind = 'deadline',
+        -- use: step_cancelled
     FROM failed
     WHERE s.run_id = failed.id
       AND s.state NOT IN ('completed', 'discarded', 'cancelled')
     RETURNING s.id
 )
-SELECT failed.id, (SELECT count(*) FROM cancelled) AS steps_cancelled
+SELECT failed.id AS run_id, (SELECT count(*) FROM cancelled) AS steps_cancelled
 FROM failed;
 
 
@@ -266,7 +255,7 @@ WITH paused AS (
       AND s.state IN ('pending', 'available')
     RETURNING s.id
 )
-SELECT paused.id, (SELECT count(*) FROM held) AS steps_paused
+SELECT paused.id AS run_id, (SELECT count(*) FROM held) AS steps_paused
 FROM paused;
 
 
@@ -306,7 +295,7 @@ WITH run AS (
       AND s.state = 'paused'
     RETURNING s.item_of, s.fan_out_parallel
 )
-SELECT resumed.id,
+SELECT resumed.id AS run_id,
        EXISTS (SELECT 1 FROM restored
                WHERE item_of IS NOT NULL OR fan_out_parallel IS NOT NULL) AS fan_outs
 FROM resumed;
@@ -417,6 +406,45 @@ SET TRANSACTION ISOLATION LEVEL READ COMMITTED;
 SET LOCAL jit = off;
 
 
+-- fragment: runs_above_live
+-- The runs above a running or paused run (its parent, the parent's parent, ...), for a
+-- recursive CTE above_live (id) of the purge: found by walking up from the active child
+-- runs (idx_runs_active_children, then primary keys).
+SELECT c.parent_run_id
+FROM cyclone_runs c
+WHERE c.parent_run_id IS NOT NULL
+  AND c.state IN ('running', 'paused')
+UNION
+SELECT p.parent_run_id
+FROM above_live a
+JOIN cyclone_runs p ON p.id = a.id
+WHERE p.parent_run_id IS NOT NULL
+
+
+-- fragment: runs_not_linked_to_live
+-- A purge candidate r links no live run to its tree: it is not the child run of a
+-- running or paused parent, nor above a running or paused run (above_live).
+AND NOT EXISTS (
+    SELECT 1
+    FROM cyclone_runs p
+    WHERE p.id = r.parent_run_id
+      AND p.state IN ('running', 'paused'))
+AND NOT EXISTS (SELECT 1 FROM above_live a WHERE a.id = r.id)
+
+
+-- fragment: runs_purge_doomed
+-- The end of a purge: the doomed runs, of those a CTE doomed selects, locked in id order
+-- (a run another transaction holds is skipped) and deleted, their rows with them.
+    ORDER BY r.id
+    LIMIT %(limit)s
+    FOR UPDATE OF r SKIP LOCKED
+)
+DELETE FROM cyclone_runs r
+USING doomed
+WHERE r.id = doomed.id
+RETURNING r.id
+
+
 -- name: runs_purge
 -- Delete one bounded batch of terminal runs past their retention; steps, deps, input
 -- bindings, signals and schedule fires go with them by cascade. A run is past its
@@ -437,15 +465,7 @@ SET LOCAL jit = off;
 -- deletes, whatever the history kept. A run with no retention (a step keeps it
 -- forever, or it was written by a version before migration 4) is never a candidate.
 WITH RECURSIVE above_live (id) AS (
-    SELECT c.parent_run_id
-    FROM cyclone_runs c
-    WHERE c.parent_run_id IS NOT NULL
-      AND c.state IN ('running', 'paused')
-    UNION
-    SELECT p.parent_run_id
-    FROM above_live a
-    JOIN cyclone_runs p ON p.id = a.id
-    WHERE p.parent_run_id IS NOT NULL
+    -- use: runs_above_live
 ), kept (retention) AS (
     (SELECT r.retention
      FROM cyclone_runs r
@@ -476,12 +496,7 @@ WITH RECURSIVE above_live (id) AS (
               FROM cyclone_steps s
               WHERE s.run_id = r.id
                 AND (s.retention IS NULL OR r.finished_at + s.retention > now()))
-          AND NOT EXISTS (
-              SELECT 1
-              FROM cyclone_runs p
-              WHERE p.id = r.parent_run_id
-                AND p.state IN ('running', 'paused'))
-          AND NOT EXISTS (SELECT 1 FROM above_live a WHERE a.id = r.id)
+          -- use: runs_not_linked_to_live
         ORDER BY r.finished_at
         LIMIT %(limit)s) d
     WHERE k.retention IS NOT NULL
@@ -490,14 +505,7 @@ WITH RECURSIVE above_live (id) AS (
     FROM cyclone_runs r
     WHERE r.id = ANY(ARRAY(SELECT id FROM due))
       AND r.state IN ('completed', 'failed', 'cancelled')
-    ORDER BY r.id
-    LIMIT %(limit)s
-    FOR UPDATE OF r SKIP LOCKED
-)
-DELETE FROM cyclone_runs r
-USING doomed
-WHERE r.id = doomed.id
-RETURNING r.id;
+-- use: runs_purge_doomed
 
 
 -- name: runs_purge_older
@@ -507,34 +515,14 @@ RETURNING r.id;
 -- It reads the terminal runs in id order until it has a batch: an operator's command,
 -- run on demand, never on a schedule.
 WITH RECURSIVE above_live (id) AS (
-    SELECT c.parent_run_id
-    FROM cyclone_runs c
-    WHERE c.parent_run_id IS NOT NULL
-      AND c.state IN ('running', 'paused')
-    UNION
-    SELECT p.parent_run_id
-    FROM above_live a
-    JOIN cyclone_runs p ON p.id = a.id
-    WHERE p.parent_run_id IS NOT NULL
+    -- use: runs_above_live
 ), doomed AS (
     SELECT r.id
     FROM cyclone_runs r
     WHERE r.state IN ('completed', 'failed', 'cancelled')
       AND r.finished_at <= now() - %(older_than_us)s::bigint * interval '1 microsecond'
-      AND NOT EXISTS (
-          SELECT 1
-          FROM cyclone_runs p
-          WHERE p.id = r.parent_run_id
-            AND p.state IN ('running', 'paused'))
-      AND NOT EXISTS (SELECT 1 FROM above_live a WHERE a.id = r.id)
-    ORDER BY r.id
-    LIMIT %(limit)s
-    FOR UPDATE OF r SKIP LOCKED
-)
-DELETE FROM cyclone_runs r
-USING doomed
-WHERE r.id = doomed.id
-RETURNING r.id;
+      -- use: runs_not_linked_to_live
+-- use: runs_purge_doomed
 
 
 -- name: runs_state

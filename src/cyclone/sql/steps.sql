@@ -40,6 +40,38 @@ coalesce(%(scheduled_at)s::timestamptz,
 %(retention_us)s::bigint * interval '1 microsecond'
 
 
+-- fragment: lease_cas
+-- The CAS of a statement on held steps s, each named with its lease by a row of v (id,
+-- generation, owner): a row changes only while its step runs under that lease.
+AND (s.state = 'running') IS TRUE
+AND s.lease_owner = v.owner
+AND s.lease_generation = v.generation
+
+
+-- fragment: sequence_step_ahead
+-- A step e of the sequence key of step s that keeps s from the head of its key: e is
+-- active and running, or comes first in the key's order (steps started before, a
+-- failed attempt waiting out its backoff or a reclaim, first; then by (scheduled_at,
+-- id)). The row comparison reads: e comes first if e is started and s is not, or both
+-- are alike and e is earlier.
+SELECT 1
+FROM cyclone_steps e
+WHERE e.sequence_key = s.sequence_key
+  AND e.state NOT IN ('completed', 'discarded', 'cancelled')
+  AND e.id <> s.id
+  AND (e.state = 'running'
+       OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
+          > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id))
+
+
+-- fragment: step_bindings
+-- A workflow step's input bindings in slot order, as two aligned arrays (upstream node,
+-- assembly mode; NULL for none): the caller adds the WHERE that names the step.
+SELECT array_agg(i.dep_node ORDER BY i.slot) AS binding_nodes,
+       array_agg(i.assembly_mode ORDER BY i.slot) AS binding_modes
+FROM cyclone_step_inputs i
+
+
 -- name: steps_enqueue
 -- A standalone run and its one step, in one statement. The step is inserted first so
 -- that its ON CONFLICT on idx_steps_unique_active decides whether anything is written:
@@ -180,9 +212,10 @@ WHERE r.workflow = %(kind)s
 -- declares (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim
 -- on. Steps of runs whose def_version this worker has found foreign (%(foreign)s, a
 -- def_version names its workflow too) are skipped, so a mismatch is given back once per
--- worker, not claimed again and again. A workflow step also returns its data edge (input_from) and its ordered input
--- bindings ("dep_node:assembly_mode" per slot), which the worker resolves from upstream
--- outputs; a standalone job (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
+-- worker, not claimed again and again. A workflow step also returns its data edge
+-- (input_from) and its input bindings (binding_nodes and binding_modes, aligned, in slot
+-- order), which the worker resolves from upstream outputs; a standalone job
+-- (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
 -- A step of a run that is not running (paused) is never taken, whatever raced it back to
@@ -198,7 +231,7 @@ WHERE r.workflow = %(kind)s
 -- custom one does, so PostgreSQL keeps it after five executions and stops planning
 -- every claim (half of the claim's server time). Neither plan depends on their values.
 WITH claimable AS (
-    SELECT s.id, s.run_id, s.state
+    SELECT s.id, s.run_id, s.node, s.state
     FROM cyclone_steps s
     WHERE s.state = 'available'
       AND s.queue = (SELECT %(queue)s::text)
@@ -214,25 +247,24 @@ WITH claimable AS (
                 AND f.def_version = ANY((SELECT %(foreign)s::text[])::text[])
               OFFSET 0))
       AND (s.sequence_key IS NULL OR NOT EXISTS (
-              SELECT 1
-              FROM cyclone_steps e
-              WHERE e.sequence_key = s.sequence_key
-                AND e.state NOT IN ('completed', 'discarded', 'cancelled')
-                AND e.id <> s.id
-                AND (e.state = 'running'
-                     OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
-                        > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id))))
+              -- use: sequence_step_ahead
+          ))
     ORDER BY s.priority DESC, s.scheduled_at
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), runnable AS (
-    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out
+    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out,
+           b.binding_nodes, b.binding_modes
     FROM claimable c
     CROSS JOIN LATERAL (
         SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out
         FROM cyclone_runs r
         WHERE r.id = c.run_id
         OFFSET 0) r
+    CROSS JOIN LATERAL (
+        -- use: step_bindings
+        WHERE r.def_version <> 'job'
+          AND i.run_id = c.run_id AND i.node = c.node) b
     WHERE r.state = 'running'
 )
 UPDATE cyclone_steps s
@@ -252,10 +284,7 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
-          CASE WHEN c.def_version <> 'job' THEN (
-              SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
-              FROM cyclone_step_inputs i
-              WHERE i.run_id = s.run_id AND i.node = s.node) END AS bindings;
+          c.binding_nodes, c.binding_modes;
 
 
 -- name: steps_sequence_lock
@@ -276,18 +305,10 @@ SET state = 'available',
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
     AS v (id, generation, owner)
 WHERE s.id = v.id
-  AND (s.state = 'running') IS TRUE
-  AND s.lease_owner = v.owner
-  AND s.lease_generation = v.generation
+  -- use: lease_cas
   AND EXISTS (
-      SELECT 1
-      FROM cyclone_steps e
-      WHERE e.sequence_key = s.sequence_key
-        AND e.state NOT IN ('completed', 'discarded', 'cancelled')
-        AND e.id <> s.id
-        AND (e.state = 'running'
-             OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
-                > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id)))
+      -- use: sequence_step_ahead
+  )
 RETURNING s.id;
 
 
@@ -328,9 +349,7 @@ WITH v AS (
     WHERE s.id = ANY(ARRAY(SELECT id FROM held))
       AND s.id = held.id
       AND v.id = s.id
-      AND (s.state = 'running') IS TRUE
-      AND s.lease_owner = v.owner
-      AND s.lease_generation = v.generation
+      -- use: lease_cas
       AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
     RETURNING s.id, s.lease_owner
 )
@@ -356,34 +375,20 @@ WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = 
 -- Complete held steps of standalone runs (one step per run), each row guarded by its
 -- own CAS, and finish their runs. Runs in the transaction that locked those runs
 -- (runs_lock), after the handler's completion_tx() writes when there are any.
--- %(steps)s is a JSON array of [id, lease generation, lease owner, output] (one text
--- parameter for the whole batch); a null output is stored as SQL NULL. The hot path
--- of jobs: a run of one step has no dependents to advance (graph_advance does).
+-- The steps come as aligned arrays (%(job_ids)s, %(job_generations)s, %(job_owners)s,
+-- %(job_outputs)s); a null output is stored as SQL NULL. The hot path of jobs: a run of
+-- one step has no dependents to advance (graph_advance does).
 WITH v AS (
-    SELECT (e ->> 0)::bigint AS id,
-           (e ->> 1)::bigint AS generation,
-           e ->> 2 AS owner,
-           nullif(e -> 3, 'null'::jsonb) AS output
-    FROM jsonb_array_elements(%(steps)s::jsonb) AS e
+    SELECT *
+    FROM unnest(%(job_ids)s::bigint[], %(job_generations)s::bigint[],
+                %(job_owners)s::text[], %(job_outputs)s::jsonb[])
+        AS v (id, generation, owner, output)
 ), done AS (
-    UPDATE cyclone_steps s
-    SET state = 'completed',
-        output = v.output,
-        completed_at = statement_timestamp(),
-        lease_owner = NULL,
-        lease_expiry = NULL
-    FROM v
-    WHERE s.id = ANY(ARRAY(SELECT id FROM v))
-      AND s.id = v.id
-      AND (s.state = 'running') IS TRUE
-      AND s.lease_owner = v.owner
-      AND s.lease_generation = v.generation
+    -- use: complete_steps_in_v
+      -- use: lease_cas
     RETURNING s.id, s.run_id
 ), finished AS (
-    UPDATE cyclone_runs r
-    SET state = 'completed',
-        finished_at = statement_timestamp(),
-        updated_at = statement_timestamp()
+    -- use: run_completed_by_statement
     FROM done
     WHERE r.id = done.run_id
       AND (r.state IN ('running', 'paused')) IS TRUE
@@ -424,9 +429,7 @@ SET state = 'available',
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[], %(errors)s::text[])
     AS v (id, generation, owner, error)
 WHERE s.id = v.id
-  AND (s.state = 'running') IS TRUE
-  AND s.lease_owner = v.owner
-  AND s.lease_generation = v.generation
+  -- use: lease_cas
 RETURNING s.id, s.queue;
 
 
@@ -484,9 +487,7 @@ SET state = CASE WHEN EXISTS (
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
     AS v (id, generation, owner)
 WHERE s.id = v.id
-  AND (s.state = 'running') IS TRUE
-  AND s.lease_owner = v.owner
-  AND s.lease_generation = v.generation
+  -- use: lease_cas
 RETURNING s.id, s.queue;
 
 
@@ -594,7 +595,7 @@ FOR UPDATE OF r SKIP LOCKED;
 -- name: steps_signal_timeouts_due
 -- The wait scanner's signal timeouts: lock the runs of signal waits past their timeout
 -- (idx_steps_signal_timeout), skipping runs another transaction holds.
-SELECT s.id, s.run_id, s.node, extract(epoch FROM s.wait_for)::float8
+SELECT s.id, s.run_id, s.node, extract(epoch FROM s.wait_for)::float8 AS wait_for_s
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 WHERE s.id IN (
@@ -610,18 +611,22 @@ ORDER BY r.id
 FOR UPDATE OF r SKIP LOCKED;
 
 
--- name: steps_discard_wait
--- A signal wait that timed out is discarded (CAS on waiting_signal and the timeout
--- having passed); graph_resolve_discard follows in the same transaction.
+-- name: steps_discard_waiting
+-- A step the wait scanner gives up on is discarded, CAS on the state it waits in
+-- (%(waiting)s): a signal wait whose timeout passed (waiting_signal), a fan-out node
+-- whose input is refused or whose collected output is over max_bytes (pending, a
+-- fan-out node), a child node whose child run failed or was cancelled or whose input
+-- cannot be built (waiting_child). graph_resolve_discard follows in the same
+-- transaction.
 UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
-    error_kind = 'signal_timeout',
+    error_kind = %(error_kind)s,
     completed_at = now()
 WHERE id = %(id)s
-  AND state = 'waiting_signal'
-  AND wait_for IS NOT NULL
-  AND scheduled_at <= now()
+  AND state = %(waiting)s::text
+  AND (state <> 'waiting_signal' OR (wait_for IS NOT NULL AND scheduled_at <= now()))
+  AND (state <> 'pending' OR fan_out_parallel IS NOT NULL)
 RETURNING id;
 
 
@@ -730,32 +735,17 @@ WHERE i.run_id = %(run_id)s
   AND i.item_of = %(node)s;
 
 
--- name: steps_discard_fan_out
--- A fan-out node that cannot complete (its input is not a list, is longer than
--- max_items, or its collected output is over max_bytes) is discarded (CAS on pending);
--- graph_resolve_discard follows.
-UPDATE cyclone_steps
-SET state = 'discarded',
-    error = %(error)s,
-    error_kind = %(error_kind)s,
-    completed_at = now()
-WHERE id = %(id)s
-  AND state = 'pending'
-  AND fan_out_parallel IS NOT NULL
-RETURNING id;
-
-
 -- name: steps_children_to_start
 -- The child scanner: child nodes reached (waiting_child, idx_steps_waiting_child) with
 -- no child run yet, in running runs locked with SKIP LOCKED; with what their input is
 -- made of (as steps_claim returns it).
 SELECT s.id, s.run_id, s.node, r.def_version, coalesce(s.input, r.input) AS input,
-       s.input_from,
-       (SELECT array_agg(i.dep_node || ':' || i.assembly_mode ORDER BY i.slot)
-        FROM cyclone_step_inputs i
-        WHERE i.run_id = s.run_id AND i.node = s.node) AS bindings
+       s.input_from, b.binding_nodes, b.binding_modes
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
+CROSS JOIN LATERAL (
+    -- use: step_bindings
+    WHERE i.run_id = s.run_id AND i.node = s.node) b
 WHERE s.state = 'waiting_child'
   AND (r.state = 'running') IS TRUE
   AND NOT EXISTS (
@@ -784,19 +774,6 @@ WHERE s.state = 'waiting_child'
 ORDER BY s.id
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED;
-
-
--- name: steps_discard_child
--- A child node whose child run failed or was cancelled is discarded (CAS on
--- waiting_child); graph_resolve_discard follows in the same transaction.
-UPDATE cyclone_steps
-SET state = 'discarded',
-    error = %(error)s,
-    error_kind = 'child_failed',
-    completed_at = now()
-WHERE id = %(id)s
-  AND state = 'waiting_child'
-RETURNING id;
 
 
 -- name: steps_orphaned_children
@@ -831,7 +808,7 @@ LIMIT %(limit)s;
 -- connection reports is the pooler's, and the process serves other clients once the
 -- transaction ends. On a connection pinned to a schema (a transaction pooler) this
 -- statement also sets the schema for the handler's own statements.
-SELECT pg_backend_pid(), now();
+SELECT pg_backend_pid() AS pid, now() AS xact_start;
 
 
 -- name: steps_end_tx_backend
@@ -840,7 +817,7 @@ SELECT pg_backend_pid(), now();
 -- that process still runs that transaction. A process whose transaction ended, or that
 -- a pooler lent on to another client since, is left alone. The engine's role may
 -- signal processes of its own role.
-SELECT pg_terminate_backend(a.pid)
+SELECT pg_terminate_backend(a.pid) AS terminated
 FROM pg_stat_activity a
 WHERE a.pid = %(pid)s
   AND a.xact_start = %(xact_start)s

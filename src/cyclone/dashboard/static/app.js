@@ -23,6 +23,9 @@
         var fresh = doc.getElementById("main");
         var main = document.getElementById("main");
         if (fresh && main) {
+          // a message of the last action stays until the next navigation
+          var flash = main.querySelector(".flash");
+          if (flash && !fresh.querySelector(".flash")) { fresh.insertBefore(doc.importNode(flash, true), fresh.firstChild); }
           var scroll = document.querySelector(".dag-wrap");
           var left = scroll ? scroll.scrollLeft : 0, top = scroll ? scroll.scrollTop : 0;
           main.replaceChildren.apply(main, Array.prototype.slice.call(fresh.childNodes).map(function (n) { return document.importNode(n, true); }));

@@ -1,0 +1,186 @@
+"""Each client call written once, for ``Client`` and ``SyncClient`` alike.
+
+A call is a *script*: a generator method that checks its arguments, builds the plans of
+what to write (pure code: :mod:`cyclone.producer`, :mod:`cyclone.control`, ...), yields
+*effects* and receives their results, then returns the call's value. The effects are
+few: run a plan on a connection of the client's (:class:`Own`) or on the caller's, in
+the caller's transaction (:class:`Joined`); announce, after the commit, what the call
+wrote (:class:`Announce`); insert one run, announced (:class:`EnqueueOne`, the one call
+that each client writes its fastest way).
+
+The decorator :class:`twin` turns a script into a method of both clients: on a
+``Client`` a coroutine function whose effects the async shell performs
+(:mod:`cyclone.calls.async_shell`), on a ``SyncClient`` a function the sync shell
+performs (:mod:`cyclone.calls.sync_shell`). A call's parameters, checks, documented
+errors and plans therefore cannot differ between the two; only how a connection is
+borrowed and how a wakeup is sent does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Coroutine, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+
+import psycopg
+
+from cyclone.dbio import Plan, Stmt
+from cyclone.wakeups import NO_WAKEUPS, Wakeups
+
+if TYPE_CHECKING:
+    from cyclone.config import ClientConfig
+    from cyclone.producer import EnqueueRequest
+
+__all__ = [
+    "Announce",
+    "AnyConnection",
+    "AsyncShellBase",
+    "CallsCore",
+    "EnqueueOne",
+    "Joined",
+    "Own",
+    "Script",
+    "SyncShellBase",
+    "fetch",
+    "twin",
+]
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+"""The caller's connection of a ``*_tx`` call: a ``psycopg.AsyncConnection`` for
+``Client``, a ``psycopg.Connection`` for ``SyncClient`` (checked when it is used)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Own(Generic[T]):
+    """Run ``plan`` on a connection the client borrows for the call (one per call,
+    kept for all its effects); the result is the plan's return value.
+
+    Attributes:
+        plan: the statements (:data:`cyclone.dbio.Plan`).
+        atomic: the plan is one transaction; otherwise each statement stands alone
+            (committed at the end on a connection not in autocommit mode).
+        engine: on one of the client's own engine connections (autocommit, READ
+            COMMITTED) even when the caller gave the client a pool.
+    """
+
+    plan: Plan[T]
+    atomic: bool = False
+    engine: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Joined(Generic[T]):
+    """Run ``plan`` on the caller's connection ``conn``, inside the caller's
+    transaction, once the shell has checked that ``conn`` can join one (a connection of
+    the client's kind, open, not failed, not autocommit outside a transaction)."""
+
+    conn: Any
+    plan: Plan[T]
+
+
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """After the commit of what the call wrote: wake the ``wakeups`` and announce the
+    runs ``finished``; with ``flush`` the notifications are sent before the call
+    returns."""
+
+    wakeups: Wakeups = NO_WAKEUPS
+    finished: frozenset[int] = field(default_factory=frozenset)
+    flush: bool = False
+
+    @classmethod
+    def of(cls, wakeups: Wakeups, finished: Iterable[int] = ()) -> Announce:
+        """An announcement of ``wakeups`` and the runs ``finished``."""
+        return cls(wakeups, frozenset(finished))
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOne:
+    """Insert the one run of ``request`` (no keys: it always inserts) in a transaction
+    of its own, and announce its queue; the result is its
+    :class:`cyclone.Enqueued`. ``Client`` sends the wakeup in the insert itself at the
+    leading edge of the queue's wakeup window."""
+
+    request: EnqueueRequest
+
+
+Effect = Own[Any] | Joined[Any] | Announce | EnqueueOne
+Script = Generator[Effect, Any, T]
+"""A call: yields effects, receives their results, returns the call's value."""
+
+
+def fetch(stmt: Stmt[R]) -> Plan[list[R]]:
+    """The plan of one statement: its rows."""
+    rows: list[R] = yield stmt
+    return rows
+
+
+class CallsCore:
+    """What a call's script reads of the client it runs on."""
+
+    config: ClientConfig
+
+
+class AsyncShellBase(CallsCore):
+    """The part of ``Client`` that performs scripts (see
+    :mod:`cyclone.calls.async_shell`)."""
+
+    async def _perform(self, script: Script[T]) -> T:
+        raise NotImplementedError
+
+
+class SyncShellBase(CallsCore):
+    """The part of ``SyncClient`` that performs scripts (see
+    :mod:`cyclone.calls.sync_shell`)."""
+
+    def _perform(self, script: Script[T]) -> T:
+        raise NotImplementedError
+
+
+class twin(Generic[P, T]):
+    """Make the script ``fn`` a call of both clients.
+
+    Read on a ``Client``, the call is a coroutine function (``await client.x(...)``);
+    on a ``SyncClient``, a plain function. Both take ``fn``'s parameters (after
+    ``self``), carry its docstring, and return what the script returns.
+    """
+
+    def __init__(self, fn: Callable[Concatenate[Any, P], Script[T]]) -> None:
+        self.fn = fn
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        self.__wrapped__ = fn
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(
+        self, obj: AsyncShellBase, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    @overload
+    def __get__(self, obj: SyncShellBase, owner: type[Any]) -> Callable[P, T]: ...
+
+    def __get__(self, obj: Any, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        fn = self.fn
+        if isinstance(obj, AsyncShellBase):
+
+            @functools.wraps(fn)
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                return await obj._perform(fn(obj, *args, **kwargs))
+
+            return call_async
+
+        @functools.wraps(fn)
+        def call_sync(*args: Any, **kwargs: Any) -> Any:
+            return obj._perform(fn(obj, *args, **kwargs))
+
+        return call_sync

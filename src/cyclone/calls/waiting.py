@@ -1,0 +1,31 @@
+"""What both clients' ``wait`` share: how long to pause before reading a run again."""
+
+from __future__ import annotations
+
+from cyclone.errors import WaitTimeout
+from cyclone.records import Run
+
+__all__ = ["Deadline", "wait_pause"]
+
+Deadline = tuple[float, float] | None
+"""A wait's limit in seconds and the clock time it ends at, or ``None``: no limit."""
+
+
+def wait_pause(
+    run_id: int, current: Run | None, poll_interval: float, deadline: Deadline, now: float
+) -> float:
+    """Seconds a ``wait`` for a run not yet terminal (``current``, ``None`` when it could
+    not be read) sleeps before it reads the run again: ``poll_interval``, cut to the
+    time left before ``deadline`` (``(limit, clock time)``, or ``None``) at ``now``.
+
+    Raises:
+        WaitTimeout: the deadline has passed.
+    """
+    if deadline is None:
+        return poll_interval
+    limit, at = deadline
+    remaining = at - now
+    if remaining <= 0:
+        state = current.state.value if current else "unknown"
+        raise WaitTimeout(f"run {run_id} is still {state} after {limit} s")
+    return min(poll_interval, remaining)
