@@ -42,14 +42,14 @@ from cyclone.connections import (
     client_connections,
     connect_failure,
 )
-from cyclone.engine import LEASE_CONNECTIONS, Engine, EngineSettings
+from cyclone.engine import LEASE_CONNECTIONS, Engine, EnginePart, EngineSettings
 from cyclone.errors import (
     StateError,
     ValidationError,
 )
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
-from cyclone.notify import Listener, Publisher
+from cyclone.notify import Listener, ListenerHooks, Publisher
 from cyclone.options import DAY, HOUR, Duration, check_int, seconds
 from cyclone.scanners.purge import Purger
 from cyclone.scanners.schedules import ScheduleScanner
@@ -362,14 +362,14 @@ class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
 
     def _ensure_listener(self) -> None:
         if self._listener is None and self.config.notify and self.settings.can_listen:
-            self._listener = Listener(
-                self.settings.conninfo_for("cyclone-listen"),
+            hooks = ListenerHooks(
                 on_available=self._on_available,
                 on_run_done=self._on_run_done,
                 on_connect=self._on_listen_connect,
                 on_run_done_listen=self._wake_waiters,
-                available=bool(self.config.handlers),
             )
+            conninfo = self.settings.conninfo_for("cyclone-listen")
+            self._listener = Listener(conninfo, hooks, available=bool(self.config.handlers))
             self._listener.want_run_done(bool(self._waiters))
             self._listener.start()
 
@@ -429,30 +429,17 @@ class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
         """The running engine (worker and background passes), if started with handlers."""
         return self._engine
 
-    @property
-    def worker(self) -> Worker | None:
-        """The running worker, if started with handlers."""
-        return self._engine.worker if self._engine is not None else None
-
-    @property
-    def sweeper(self) -> Sweeper | None:
-        """The recovery sweep, while started with handlers."""
-        return self._engine.sweeper if self._engine is not None else None
-
-    @property
-    def wait_scanner(self) -> WaitScanner | None:
-        """The timer, signal and deadline scanner, while started with handlers."""
-        return self._engine.wait_scanner if self._engine is not None else None
-
-    @property
-    def schedule_scanner(self) -> ScheduleScanner | None:
-        """The schedule scanner, while started with handlers."""
-        return self._engine.schedule_scanner if self._engine is not None else None
-
-    @property
-    def purger(self) -> Purger | None:
-        """The retention purge, while started with handlers and a ``purge_interval``."""
-        return self._engine.purger if self._engine is not None else None
+    worker = EnginePart[Worker]("The running worker, if started with handlers.")
+    sweeper = EnginePart[Sweeper]("The recovery sweep, while started with handlers.")
+    wait_scanner = EnginePart[WaitScanner](
+        "The timer, signal, deadline, fan-out and child-run scanner, while started with handlers."
+    )
+    schedule_scanner = EnginePart[ScheduleScanner](
+        "The schedule scanner, while started with handlers."
+    )
+    purger = EnginePart[Purger](
+        "The retention purge, while started with handlers and a ``purge_interval``."
+    )
 
     # -- wakeups -------------------------------------------------------------------
 

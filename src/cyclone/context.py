@@ -11,7 +11,7 @@ handler's task at that moment; a plain ``def`` handler should poll ``cancelled``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
@@ -21,11 +21,17 @@ from cyclone.records import Enqueued, Submitted
 from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
 from cyclone.workflow import Workflow
 
+if TYPE_CHECKING:
+    from cyclone.transitions import Claimed
+
 __all__ = ["Context"]
 
 
 class Context:
     """What a handler knows about the step it runs, and its completion transaction.
+
+    The worker makes one per execution from the claimed ``step``; handlers never build
+    one.
 
     Attributes:
         run_id: id of the run (``cyclone_runs.id``).
@@ -60,34 +66,19 @@ class Context:
 
     def __init__(
         self,
+        step: Claimed,
         *,
-        run_id: int,
-        step_id: int,
-        node: str,
-        kind: str,
-        workflow: str,
-        queue: str,
-        attempt: int,
-        max_attempts: int,
-        lease_generation: int,
         is_async: bool,
         tx: CompletionTx,
         build_request: Callable[..., EnqueueRequest],
         build_submit: Callable[..., SubmitRequest] | None = None,
     ) -> None:
-        self.run_id = run_id
-        self.step_id = step_id
-        self.node = node
-        self.kind = kind
-        self.workflow = workflow
-        self.queue = queue
-        self.attempt = attempt
-        self.max_attempts = max_attempts
-        self.lease_generation = lease_generation
-        self._is_async = is_async
-        self._tx = tx
-        self._build_request = build_request
-        self._build_submit = build_submit
+        self.run_id, self.step_id, self.node = step.run_id, step.id, step.node
+        self.kind, self.workflow, self.queue = step.kind, step.workflow, step.queue
+        self.attempt, self.max_attempts = step.attempt, step.max_attempts
+        self.lease_generation = step.generation
+        self._is_async, self._tx = is_async, tx
+        self._build_request, self._build_submit = build_request, build_submit
         self._cancelled = False
         self._wakeups: set[str] = set()
 

@@ -30,7 +30,7 @@ from typing import Any, Generic, LiteralString, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from psycopg.rows import RowMaker
+from psycopg.rows import RowMaker, tuple_row
 
 from cyclone.sql import Query
 
@@ -348,8 +348,9 @@ async def batch_async(
     async with psycopg.AsyncClientCursor(conn) as cur:
         await cur.execute(*script(wrapped))
         for stmt in wrapped:
-            cur.row_factory = _row_factory(stmt.query)
+            cur.row_factory = _row_factory(stmt.query)  # read now, on this result
             results.append(await cur.fetchall() if _read(cur, stmt) else [])
+            cur.row_factory = tuple_row  # nextset() reads the next result with it
             cur.nextset()
     return Results(stmts, [results[i] for i in where])
 
@@ -370,8 +371,9 @@ def batch_sync(
     with psycopg.ClientCursor(conn) as cur:
         cur.execute(*script(wrapped))
         for stmt in wrapped:
-            cur.row_factory = _row_factory(stmt.query)
+            cur.row_factory = _row_factory(stmt.query)  # read now, on this result
             results.append(cur.fetchall() if _read(cur, stmt) else [])
+            cur.row_factory = tuple_row  # nextset() reads the next result with it
             cur.nextset()
     return Results(stmts, [results[i] for i in where])
 

@@ -24,7 +24,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Self, TypeVar, overload
 
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
@@ -39,12 +39,14 @@ from cyclone.schedules import CatchUp
 from cyclone.wakeups import Announcer
 from cyclone.worker import Worker, WorkerSettings
 
-__all__ = ["LEASE_CONNECTIONS", "Engine", "EngineSettings"]
+__all__ = ["LEASE_CONNECTIONS", "Engine", "EnginePart", "EngineSettings"]
 
 log = logging.getLogger("cyclone.engine")
 
 LEASE_CONNECTIONS = 2
 """Connections of the lease pool (claims and heartbeats)."""
+
+T = TypeVar("T")
 
 _GRACEFUL = frozenset({"cyclone-waits", "cyclone-schedules", "cyclone-purge"})
 """Background tasks that stop() lets finish their pass instead of cancelling."""
@@ -254,3 +256,31 @@ class Engine:
             await asyncio.to_thread(self._sync_tx_pool.close)
             self._sync_tx_pool = None
         await self._lease_pool.close()
+
+
+class EnginePart(Generic[T]):
+    """A client attribute that reads a part of the client's running engine (the
+    attribute of :class:`Engine` with the same name), ``None`` while no engine runs.
+
+    Args:
+        doc: the attribute's docstring.
+    """
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type[Any]) -> T | None: ...
+
+    def __get__(self, obj: Any, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        engine = obj.engine
+        return None if engine is None else getattr(engine, self.name)

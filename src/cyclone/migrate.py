@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 
 from cyclone.connections import ConnectionSettings
-from cyclone.dbio import Stmt, fetch_async, fetch_sync
+from cyclone.dbio import Stmt, fetch_sync
 from cyclone.errors import ConfigurationError
 from cyclone.options import HOUR, Duration, seconds
 from cyclone.sql import Q
@@ -176,18 +176,8 @@ async def check_schema_async(
     pooler: str | None = None,
     settings: ConnectionSettings | None = None,
 ) -> None:
-    """:func:`check_schema` from asyncio code."""
-    settings = settings or ConnectionSettings.build(conninfo, schema=schema, pooler=pooler)
-    conn = await psycopg.AsyncConnection.connect(
-        settings.conninfo_for("cyclone"), **settings.kwargs(autocommit=True)
-    )
-    async with conn:
-        settings.prepare(conn)
-        try:
-            rows = await fetch_async(conn, Stmt(Q.migrate_current))
-        except psycopg.errors.UndefinedTable:
-            rows = []
-    _judge(rows[0].version if rows else None, schema)
+    """:func:`check_schema` from asyncio code, run in a worker thread."""
+    await asyncio.to_thread(check_schema, conninfo, schema=schema, pooler=pooler, settings=settings)
 
 
 async def migrate_async(

@@ -25,6 +25,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -38,6 +39,7 @@ __all__ = [
     "RUN_DONE",
     "RUN_DONE_LINGER",
     "Listener",
+    "ListenerHooks",
     "Publisher",
     "available_payload",
     "publish_sync",
@@ -250,6 +252,26 @@ class Publisher:
             log.warning("wakeup not published (polling will find the work): %s", exc)
 
 
+@dataclass(frozen=True, slots=True)
+class ListenerHooks:
+    """What a :class:`Listener` calls.
+
+    Attributes:
+        on_available: with the queue of each ``cyclone_available`` notification
+            (``None`` for a payload without one).
+        on_run_done: with the run ids of each ``cyclone_run_done`` notification.
+        on_connect: after every (re)connection and its LISTENs (notifications sent
+            while it was away are lost: the callers poll once).
+        on_run_done_listen: after each later ``LISTEN cyclone_run_done`` (waits that
+            began before it read their run again).
+    """
+
+    on_available: Callable[[str | None], None]
+    on_run_done: Callable[[list[int]], None]
+    on_connect: Callable[[], None]
+    on_run_done_listen: Callable[[], None] = lambda: None
+
+
 class Listener:
     """The client's one LISTEN connection, reconnected with capped backoff.
 
@@ -273,21 +295,13 @@ class Listener:
     def __init__(
         self,
         conninfo: str,
+        hooks: ListenerHooks,
         *,
-        on_available: Callable[[str | None], None],
-        on_run_done: Callable[[list[int]], None],
-        on_connect: Callable[[], None],
-        on_run_done_listen: Callable[[], None] = lambda: None,
         available: bool = True,
         linger: float = RUN_DONE_LINGER,
     ) -> None:
-        self._conninfo = conninfo
-        self._available = available
-        self._on_available = on_available
-        self._on_run_done = on_run_done
-        self._on_connect = on_connect
-        self._on_run_done_listen = on_run_done_listen
-        self._linger = linger
+        self._conninfo, self._hooks = conninfo, hooks
+        self._available, self._linger = available, linger
         self._wanted = False  # a wait is pending
         self._unwanted_at = 0.0  # loop time the last wait ended
         self._reading: asyncio.Timeout | None = None  # while notifications are read
@@ -356,7 +370,7 @@ class Listener:
             self.connected.set()
             self.failures = 0
             self.connects += 1
-            self._on_connect()
+            self._hooks.on_connect()
             while True:
                 await self._read(conn)
                 await self._match(conn, announce=True)
@@ -393,7 +407,7 @@ class Listener:
                 await conn.execute(Q.notify_listen_done.sql)
                 self.channels |= {RUN_DONE}
                 if announce:
-                    self._on_run_done_listen()
+                    self._hooks.on_run_done_listen()
             elif not self._wanted and listening and loop.time() >= self._unwanted_at + self._linger:
                 self.channels -= {RUN_DONE}
                 await conn.execute(Q.notify_unlisten_done.sql)
@@ -409,6 +423,6 @@ class Listener:
             except ValueError:
                 data = None
             queue = data.get("queue") if isinstance(data, dict) else None
-            self._on_available(queue if isinstance(queue, str) else None)
+            self._hooks.on_available(queue if isinstance(queue, str) else None)
         elif channel == RUN_DONE:
-            self._on_run_done(runs_in_payload(payload))
+            self._hooks.on_run_done(runs_in_payload(payload))

@@ -39,7 +39,7 @@ from cyclone.handlers import Handler
 from cyclone.options import JobOptions, check_text, micros
 from cyclone.payloads import encode_json
 from cyclone.sql import Q
-from cyclone.sql.rows import LockedScheduleRow, NowRow
+from cyclone.sql.rows import NowRow, ScheduleRow
 
 __all__ = [
     "MACROS",
@@ -435,7 +435,7 @@ def update_plan(schedule_id: str, rebuild: Callable[[dict[str, Any]], ScheduleSp
         NotFoundError: no schedule has that id.
         ValidationError: from ``rebuild``; nothing is written.
     """
-    rows: list[LockedScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
+    rows: list[ScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
     if not rows:
         raise NotFoundError(f"schedule {schedule_id!r} does not exist")
     (row,) = rows
@@ -455,7 +455,7 @@ def set_enabled_plan(schedule_id: str, enabled: bool) -> Plan[None]:
     Raises:
         NotFoundError: no schedule has that id.
     """
-    rows: list[LockedScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
+    rows: list[ScheduleRow] = yield Stmt(Q.schedules_lock, {"id": schedule_id})
     if not rows:
         raise NotFoundError(f"schedule {schedule_id!r} does not exist")
     (current,) = rows

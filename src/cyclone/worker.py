@@ -41,12 +41,7 @@ from cyclone.heartbeats import Heartbeats
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import error_backoff
 from cyclone.sql import CLAIM_LIMITS, claim_limit
-from cyclone.transitions import (
-    Claimed,
-    Failure,
-    complete_stmts,
-    release_stmt,
-)
+from cyclone.transitions import Claimed, Failure, complete_stmts, release_stmt
 from cyclone.wakeups import Announcer, Wakeups
 
 __all__ = ["MAX_CLAIM_BATCH", "Worker", "WorkerSettings"]
@@ -278,15 +273,7 @@ class Worker:
             pinned=self.settings.pinned_search_path,
         )
         ctx = Context(
-            run_id=step.run_id,
-            step_id=step.id,
-            node=step.node,
-            kind=step.kind,
-            workflow=step.workflow,
-            queue=step.queue,
-            attempt=step.attempt,
-            max_attempts=step.max_attempts,
-            lease_generation=step.generation,
+            step,
             is_async=handler.is_async,
             tx=tx,
             build_request=self._build_request,

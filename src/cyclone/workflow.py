@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypedDict, Unpack
+from typing import Any, NamedTuple, TypedDict, Unpack
 
 from cyclone.dag import (
     Assembly,
@@ -51,6 +51,16 @@ _INT32 = 2**31 - 1
 """The largest value of an ``integer`` column (fan_out_parallel, fan_out_max_items)."""
 _INT64 = 2**63 - 1
 """The largest value of a ``bigint`` column (fan_out_max_bytes)."""
+
+
+class _Edges(NamedTuple):
+    """What a node's input and order depend on, as given to :meth:`Workflow.node`."""
+
+    after: Any
+    input_from: Any
+    inputs: Any
+    assembly: Any
+    input: Any
 
 
 class NodeOptions(TypedDict, total=False):
@@ -171,21 +181,17 @@ class Workflow(WaitNodes):
             JobOptions().override(**overrides)
         except ValidationError as exc:
             raise WorkflowError(f"{where}: {exc}") from None
-        return self._add(
-            self._spec(
-                node_id,
-                where,
-                kind_name,
-                handler,
-                after=after,
-                input_from=input_from,
-                inputs=inputs,
-                assembly=assembly,
-                input=input,
-                on_dep_failure=on_dep_failure,
-                overrides=overrides,
-            )
+        edges = _Edges(after, input_from, inputs, assembly, input)
+        spec = self._spec(
+            node_id,
+            where,
+            kind_name,
+            handler,
+            edges,
+            on_dep_failure=on_dep_failure,
+            overrides=overrides,
         )
+        return self._add(spec)
 
     def _spec(
         self,
@@ -193,17 +199,14 @@ class Workflow(WaitNodes):
         where: str,
         kind: str,
         handler: Handler | None,
+        edges: _Edges,
         *,
-        after: Any,
-        input_from: Any,
-        inputs: Any,
-        assembly: Any,
-        input: Any,
         on_dep_failure: Any,
         overrides: Mapping[str, Any],
         **extra: Any,
     ) -> NodeSpec:
         """A node's spec with its edges, input binding and policy validated."""
+        after, input_from, inputs, assembly, input = edges
         after_ids = self._after(after, where)
         source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
         if inputs is not None and (
@@ -351,23 +354,19 @@ class Workflow(WaitNodes):
                 "(call its .result(node), or pass needs_result=False)"
             )
         node_id, where = self._new_id(id)
-        return self._add(
-            self._spec(
-                node_id,
-                where,
-                "@child",
-                None,
-                after=after,
-                input_from=input_from,
-                inputs=inputs,
-                assembly=assembly,
-                input=input,
-                on_dep_failure=on_dep_failure,
-                overrides={},
-                child=workflow,
-                child_needs_result=bool(needs_result),
-            )
+        edges = _Edges(after, input_from, inputs, assembly, input)
+        spec = self._spec(
+            node_id,
+            where,
+            "@child",
+            None,
+            edges,
+            on_dep_failure=on_dep_failure,
+            overrides={},
+            child=workflow,
+            child_needs_result=bool(needs_result),
         )
+        return self._add(spec)
 
     def children(self) -> list[Workflow]:
         """The workflows its child nodes start (directly)."""

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import psycopg
 import pytest
 
-from cyclone.dbio import Stmt, batch_sync, fetch_sync
+from cyclone.dbio import Stmt, batch_sync, fetch_sync, pin_search_path
 from cyclone.sql import Q, Queries, Query
 from cyclone.sql.rows import IdRow, NowRow
 
@@ -78,3 +78,25 @@ def test_batch_results_are_found_by_statement(db: psycopg.Connection[Any]) -> No
     assert results.has(Q.runs_lock) and not results.has(Q.runs_get)
     with pytest.raises(KeyError, match="runs_get"):
         results.of(Q.runs_get)
+
+
+def test_a_batch_behind_a_transaction_pooler_reads_each_result_with_its_row_type(
+    db: psycopg.Connection[Any],
+) -> None:
+    """On a connection pinned to a schema (one multi-statement query, as behind a
+    transaction pooler) every statement's rows are read with its own row type, the
+    schema statement and BEGIN/COMMIT between them included."""
+    db.autocommit = True
+    pin_search_path(db, "public")
+    stmts: list[Stmt[Any]] = [
+        Stmt(Q.runs_lock, {"run_ids": "{}"}),
+        Stmt(Q.schedules_now),
+        Stmt(Q.migrate_current),
+    ]
+    for transaction in (True, False):
+        results = batch_sync(db, stmts, transaction=transaction)
+        assert results.of(Q.runs_lock) == []
+        assert isinstance(results.of(Q.schedules_now)[0], NowRow)
+        assert results.of(Q.migrate_current)[0].version >= 1
+    (now,) = fetch_sync(db, Stmt(Q.schedules_now))
+    assert isinstance(now, NowRow)

@@ -147,7 +147,11 @@ def test_demo_report_is_right_and_submit_once(
     # the staged rows went with the join's completion; the aggregates stay
     assert scalar(db, "SELECT count(*) FROM demo_flights WHERE run_id = %s", (run_id,)) == 0
     assert (
-        scalar(db, "SELECT sum(flights) FROM demo_month_origin WHERE run_id = %s", (run_id,))
+        scalar(
+            db,
+            "SELECT sum(flights) FROM demo_month_totals WHERE run_id = %s AND per = 'origin'",
+            (run_id,),
+        )
         == 336_776
     )
     assert "Timings" in out
@@ -177,12 +181,12 @@ def test_chaos_kills_a_worker_mid_fan_out_and_the_report_is_the_same(
     assert stored_figures(db, first) == stored_figures(db, second)
     # every month's aggregates, the killed worker's month included, equal the first run's
     months = (
-        "SELECT month, carrier, flights, cancelled, dep_delay_sum, dep_delay_n,"
-        " arr_delay_sum, arr_delay_n FROM demo_month_carrier WHERE run_id = %s"
+        "SELECT month, per, key, flights, cancelled, dep_delay_sum, dep_delay_n,"
+        " arr_delay_sum, arr_delay_n FROM demo_month_totals WHERE run_id = %s"
     )
     for a, b in ((first, second), (second, first)):
         assert scalar(db, f"SELECT count(*) FROM ({months} EXCEPT {months}) d", (a, b)) == 0
-    assert scalar(db, "SELECT count(*) FROM demo_month_carrier WHERE run_id = %s", (second,))
+    assert scalar(db, "SELECT count(*) FROM demo_month_totals WHERE run_id = %s", (second,))
     assert scalar(db, "SELECT count(*) FROM cyclone_steps WHERE state = 'running'") == 0
 
 

@@ -30,7 +30,7 @@ from cyclone.schedules import (
     slots_between,
 )
 from cyclone.sql import Q
-from cyclone.sql.rows import LockedScheduleRow
+from cyclone.sql.rows import ScheduleRow
 
 LA = "America/Los_Angeles"
 BERLIN = "Europe/Berlin"
@@ -334,7 +334,7 @@ def _enable(next_run_at: datetime, now: datetime, cron: str) -> dict[str, object
     plan = set_enabled_plan("s", True)
     stmt = next(plan)
     assert stmt.query == Q.schedules_lock
-    row = LockedScheduleRow(
+    row = ScheduleRow(
         "s", "k", None, "null", cron, LA, next_run_at, "default", 0, 1, None, None, False, now
     )
     stmt = plan.send([row])

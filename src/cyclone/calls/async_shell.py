@@ -27,7 +27,7 @@ from cyclone.calls.effects import (
     Own,
     Script,
 )
-from cyclone.calls.waiting import Deadline, wait_pause
+from cyclone.calls.waiting import WAIT_DOC, Deadline, wait_pause
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import Stmt, fetch_async, run_plan_async
 from cyclone.notify import Listener, Publisher
@@ -142,19 +142,6 @@ class AsyncShell(AsyncShellBase):
         return enqueued_from_rows(rows)[0]
 
     async def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:  # noqa: ASYNC109
-        """Block until the run is terminal; the terminal :class:`Run`.
-
-        Wakes on ``cyclone_run_done`` when LISTEN is available, and polls every
-        ``poll_interval`` in any case; a database that goes away meanwhile (a restart)
-        is waited for too. The client's listener LISTENs on that channel only while a
-        wait is pending; the run is read again once the LISTEN is in place, so a run
-        that ends meanwhile is not missed.
-
-        Raises:
-            NotFoundError: no run has that id.
-            ValidationError: a bad run reference or timeout.
-            WaitTimeout: not terminal within ``timeout`` seconds.
-        """
         run_id = run_id_of(run)
         limit = seconds(timeout, "timeout", allow_zero=True)
         await self._open()
@@ -185,6 +172,8 @@ class AsyncShell(AsyncShellBase):
                 if not events:
                     del self._waiters[run_id]
             self._watch_runs()
+
+    wait.__doc__ = WAIT_DOC
 
     def _on_run_done(self, run_ids: list[int]) -> None:
         for run_id in run_ids:

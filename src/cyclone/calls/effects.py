@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, Ty
 import psycopg
 
 from cyclone.dbio import Plan, Stmt
+from cyclone.errors import NotFoundError
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ __all__ = [
     "Script",
     "SyncShellBase",
     "fetch",
+    "fetch_one",
     "twin",
 ]
 
@@ -118,6 +120,18 @@ def fetch(stmt: Stmt[R]) -> Plan[list[R]]:
     """The plan of one statement: its rows."""
     rows: list[R] = yield stmt
     return rows
+
+
+def fetch_one(stmt: Stmt[R], missing: str) -> Plan[R]:
+    """The plan of one statement that finds one thing: its first row.
+
+    Raises:
+        NotFoundError: the statement returned no row (``missing`` is the message).
+    """
+    rows: list[R] = yield stmt
+    if not rows:
+        raise NotFoundError(missing)
+    return rows[0]
 
 
 class CallsCore:

@@ -89,35 +89,6 @@ class ProducerCalls(CallsCore):
         return result
 
     @twin
-    def enqueue_tx(
-        self,
-        conn: AnyConnection,
-        kind: KindTarget,
-        input: Any = None,
-        **options: Unpack[EnqueueOptions],
-    ) -> Script[Enqueued]:
-        """:meth:`enqueue` inside the caller's transaction on ``conn`` (a
-        ``psycopg.AsyncConnection`` for ``Client``, a ``psycopg.Connection`` for
-        ``SyncClient``).
-
-        The run exists once the caller commits and is gone if it rolls back. No wakeup
-        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`)
-        and the run is new. With ``submit_key``, a run that holds the key and committed
-        (or was written earlier in this transaction) is returned with ``duplicate=True``.
-
-        Raises:
-            ValidationError: a bad value, or ``conn`` is not a connection of the
-                client's kind that can join a transaction (closed, failed, or autocommit
-                outside one).
-            StateError: as :meth:`enqueue`.
-        """
-        request = self.config.request(kind, input, **options)
-        result: Enqueued = yield Joined(conn, enqueue_plan(request))
-        if not result.duplicate:
-            self.config.track(conn, (request.queue,))
-        return result
-
-    @twin
     def enqueue_many(
         self, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> Script[list[Enqueued]]:
@@ -151,28 +122,6 @@ class ProducerCalls(CallsCore):
         return handles
 
     @twin
-    def enqueue_many_tx(
-        self,
-        conn: AnyConnection,
-        kind: KindTarget,
-        inputs: Sequence[Any],
-        **options: Unpack[ManyOptions],
-    ) -> Script[list[Enqueued]]:
-        """:meth:`enqueue_many` inside the caller's transaction on ``conn`` (see
-        :meth:`enqueue_tx`).
-
-        Raises:
-            ValidationError: as :meth:`enqueue_many` and :meth:`enqueue_tx`.
-            StateError: as :meth:`enqueue`.
-        """
-        request = self.config.request(kind, inputs, many=True, **options)
-        plan = enqueue_many_plan(request) if inputs else _nothing([])
-        handles: list[Enqueued] = yield Joined(conn, plan)
-        if not all(handle.duplicate for handle in handles):
-            self.config.track(conn, (request.queue,))
-        return handles
-
-    @twin
     def submit(
         self, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
     ) -> Script[Submitted]:
@@ -199,30 +148,6 @@ class ProducerCalls(CallsCore):
         return result
 
     @twin
-    def submit_tx(
-        self,
-        conn: AnyConnection,
-        workflow: Workflow,
-        input: Any = None,
-        **options: Unpack[SubmitOptions],
-    ) -> Script[Submitted]:
-        """:meth:`submit` inside the caller's transaction on ``conn`` (see
-        :meth:`enqueue_tx`).
-
-        The run exists once the caller commits and is gone if it rolls back. No wakeup
-        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`).
-
-        Raises:
-            WorkflowError: an invalid workflow.
-            ValidationError: a bad value, or ``conn`` cannot join a transaction (see
-                :meth:`enqueue_tx`).
-        """
-        request = self.config.submit_request(workflow, input, **options)
-        result: Submitted = yield Joined(conn, submit_plan(request))
-        self.config.track(conn, request.workflow.queues)
-        return result
-
-    @twin
     def signal(self, run: RunRef, name: str, payload: Any = None) -> Script[bool]:
         """Deliver signal ``name`` with ``payload`` (a JSON value) to a run's mailbox.
 
@@ -245,6 +170,81 @@ class ProducerCalls(CallsCore):
         stored, settled = yield Own(plan, atomic=True, engine=True)
         yield Announce.of(settled.wakeups, settled.finished)
         return bool(stored)
+
+    @twin
+    def enqueue_tx(
+        self,
+        conn: AnyConnection,
+        kind: KindTarget,
+        input: Any = None,
+        **options: Unpack[EnqueueOptions],
+    ) -> Script[Enqueued]:
+        """:meth:`enqueue` inside the caller's transaction on ``conn`` (a
+        ``psycopg.AsyncConnection`` for ``Client``, a ``psycopg.Connection`` for
+        ``SyncClient``).
+
+        The run exists once the caller commits and is gone if it rolls back. No wakeup
+        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`)
+        and the run is new. With ``submit_key``, a run that holds the key and committed
+        (or was written earlier in this transaction) is returned with ``duplicate=True``.
+
+        Raises:
+            ValidationError: a bad value, or ``conn`` is not a connection of the
+                client's kind that can join a transaction (closed, failed, or autocommit
+                outside one).
+            StateError: as :meth:`enqueue`.
+        """
+        request = self.config.request(kind, input, **options)
+        result: Enqueued = yield Joined(conn, enqueue_plan(request))
+        if not result.duplicate:
+            self.config.track(conn, (request.queue,))
+        return result
+
+    @twin
+    def enqueue_many_tx(
+        self,
+        conn: AnyConnection,
+        kind: KindTarget,
+        inputs: Sequence[Any],
+        **options: Unpack[ManyOptions],
+    ) -> Script[list[Enqueued]]:
+        """:meth:`enqueue_many` inside the caller's transaction on ``conn`` (see
+        :meth:`enqueue_tx`).
+
+        Raises:
+            ValidationError: as :meth:`enqueue_many` and :meth:`enqueue_tx`.
+            StateError: as :meth:`enqueue`.
+        """
+        request = self.config.request(kind, inputs, many=True, **options)
+        plan = enqueue_many_plan(request) if inputs else _nothing([])
+        handles: list[Enqueued] = yield Joined(conn, plan)
+        if not all(handle.duplicate for handle in handles):
+            self.config.track(conn, (request.queue,))
+        return handles
+
+    @twin
+    def submit_tx(
+        self,
+        conn: AnyConnection,
+        workflow: Workflow,
+        input: Any = None,
+        **options: Unpack[SubmitOptions],
+    ) -> Script[Submitted]:
+        """:meth:`submit` inside the caller's transaction on ``conn`` (see
+        :meth:`enqueue_tx`).
+
+        The run exists once the caller commits and is gone if it rolls back. No wakeup
+        is sent (a poll finds the work) unless ``conn`` is tracked (:meth:`track_wakeups`).
+
+        Raises:
+            WorkflowError: an invalid workflow.
+            ValidationError: a bad value, or ``conn`` cannot join a transaction (see
+                :meth:`enqueue_tx`).
+        """
+        request = self.config.submit_request(workflow, input, **options)
+        result: Submitted = yield Joined(conn, submit_plan(request))
+        self.config.track(conn, request.workflow.queues)
+        return result
 
     def track_wakeups(self, conn: AnyConnection) -> WakeupTracker:
         """Record the queues of work written by ``*_tx`` calls on ``conn``.

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import TypeVar
 
-from cyclone.calls.effects import Announce, CallsCore, Own, Script, fetch, twin
+from cyclone.calls.effects import Announce, CallsCore, Own, Script, fetch, fetch_one, twin
 from cyclone.config import list_runs_params
 from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
 from cyclone.dbio import Plan, Stmt
-from cyclone.errors import NotFoundError
 from cyclone.options import Duration, check_text, seconds
 from cyclone.records import QueueStats, Run, RunRef, Step, run_id_of
 from cyclone.scanners.purge import PURGE_BATCH, purge_plan
@@ -27,10 +26,7 @@ def get_run_plan(run_id: int) -> Plan[Run]:
     Raises:
         NotFoundError: no run has that id.
     """
-    rows: list[Run] = yield Stmt(Q.runs_get, {"run_id": run_id})
-    if not rows:
-        raise NotFoundError(f"run {run_id} does not exist")
-    return rows[0]
+    return fetch_one(Stmt(Q.runs_get, {"run_id": run_id}), f"run {run_id} does not exist")
 
 
 def _operate(plan: Plan[Outcome[T]]) -> Script[T]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cyclone.calls.effects import CallsCore, Own, Script, fetch, twin
+from cyclone.calls.effects import CallsCore, Own, Script, fetch, fetch_one, twin
 from cyclone.config import KEEP
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import NotFoundError
@@ -26,10 +26,8 @@ def _get_plan(schedule_id: str) -> Plan[Schedule]:
     Raises:
         NotFoundError: no schedule has that id.
     """
-    rows: list[Schedule] = yield Stmt(Q.schedules_list, {"id": schedule_id})
-    if not rows:
-        raise NotFoundError(f"schedule {schedule_id!r} does not exist")
-    return rows[0]
+    stmt = Stmt(Q.schedules_list, {"id": schedule_id})
+    return fetch_one(stmt, f"schedule {schedule_id!r} does not exist")
 
 
 def _write(plan: Plan[None], schedule_id: str) -> Script[Schedule]:

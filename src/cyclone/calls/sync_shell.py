@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from cyclone.calls.effects import Announce, EnqueueOne, Joined, Own, Script, SyncShellBase, fetch
-from cyclone.calls.waiting import Deadline, wait_pause
+from cyclone.calls.waiting import WAIT_DOC, Deadline, wait_pause
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import run_plan_sync
 from cyclone.notify import RUN_DONE, runs_in_payload
@@ -83,17 +83,6 @@ class SyncShell(SyncShellBase):
                 return value
 
     def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
-        """Block until the run is terminal; the terminal :class:`Run`.
-
-        Listens on ``cyclone_run_done`` on a connection of its own while it waits (unless
-        ``notify=False``), and polls every ``poll_interval`` in any case; a database
-        that goes away meanwhile (a restart) is waited for too.
-
-        Raises:
-            NotFoundError: no run has that id.
-            ValidationError: a bad run reference or timeout.
-            WaitTimeout: not terminal within ``timeout`` seconds.
-        """
         run_id = run_id_of(run)
         limit = seconds(timeout, "timeout", allow_zero=True)
         deadline: Deadline = None if limit is None else (limit, time.monotonic() + limit)
@@ -126,6 +115,8 @@ class SyncShell(SyncShellBase):
         finally:
             if listen is not None:
                 listen.close()
+
+    wait.__doc__ = WAIT_DOC
 
 
 def _own(conn: psycopg.Connection[Any], effect: Own[T]) -> T:

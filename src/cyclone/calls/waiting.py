@@ -5,7 +5,22 @@ from __future__ import annotations
 from cyclone.errors import WaitTimeout
 from cyclone.records import Run
 
-__all__ = ["Deadline", "wait_pause"]
+__all__ = ["WAIT_DOC", "Deadline", "wait_pause"]
+
+WAIT_DOC = """Block until the run is terminal; the terminal :class:`Run`.
+
+Wakes on ``cyclone_run_done`` when LISTEN is available (``Client``: its listener LISTENs
+on that channel only while a wait is pending, and the run is read again once the LISTEN
+is in place, so a run that ends meanwhile is not missed; ``SyncClient``: on a connection
+of its own while it waits, unless ``notify=False``), and polls every ``poll_interval``
+in any case; a database that goes away meanwhile (a restart) is waited for too.
+
+Raises:
+    NotFoundError: no run has that id.
+    ValidationError: a bad run reference or timeout.
+    WaitTimeout: not terminal within ``timeout`` seconds.
+"""
+"""The docstring of both clients' ``wait``."""
 
 Deadline = tuple[float, float] | None
 """A wait's limit in seconds and the clock time it ends at, or ``None``: no limit."""

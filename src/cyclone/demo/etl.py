@@ -70,8 +70,7 @@ class DemoQueries:
     demo_stage_weather: LiteralString
     demo_copy_weather: LiteralString
     demo_load_weather: LiteralString
-    demo_month_by_carrier: LiteralString
-    demo_month_by_origin: LiteralString
+    demo_month_totals: LiteralString
     demo_weather_effect: LiteralString
     demo_drop_staging: LiteralString
     demo_carrier_year: LiteralString
@@ -145,8 +144,8 @@ def extract_weather(ctx: cyclone.Context, run_input: dict[str, Any]) -> dict[str
     tx: psycopg.Connection[Any] = ctx.completion_tx()
     tx.execute(SQL.demo_stage_weather)
     _copy_file(tx, SQL.demo_copy_weather, folder / "weather.csv")
-    row = tx.execute(SQL.demo_load_weather, {"run_id": ctx.run_id}).fetchone()
-    return {"hours": row[0] if row else 0}
+    loaded = tx.execute(SQL.demo_load_weather, {"run_id": ctx.run_id})
+    return {"hours": loaded.rowcount}
 
 
 @cyclone.step("demo.month", queue=MONTHS_QUEUE, timeout=300)
@@ -162,12 +161,12 @@ def aggregate_month(ctx: cyclone.Context, item: dict[str, int]) -> dict[str, int
         time.sleep(pace)
     tx: psycopg.Connection[Any] = ctx.completion_tx()
     params = {"run_id": ctx.run_id, "month": item["month"]}
-    tx.execute(SQL.demo_month_by_carrier, params)
-    rows = tx.execute(SQL.demo_month_by_origin, params).fetchall()
+    rows = tx.execute(SQL.demo_month_totals, params).fetchall()
+    per_origin = [(flights, cancelled) for per, flights, cancelled in rows if per == "origin"]
     return {
         "month": item["month"],
-        "flights": sum(r[0] for r in rows),
-        "cancelled": sum(r[1] for r in rows),
+        "flights": sum(flights for flights, _ in per_origin),
+        "cancelled": sum(cancelled for _, cancelled in per_origin),
     }
 
 

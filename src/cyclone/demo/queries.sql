@@ -21,18 +21,13 @@ CREATE TABLE IF NOT EXISTS demo_weather (
     wind_gust float8, precip float8, pressure float8, visib float8,
     time_hour timestamptz);
 CREATE INDEX IF NOT EXISTS demo_weather_run_slot ON demo_weather (run_id, origin, time_hour);
-CREATE TABLE IF NOT EXISTS demo_month_carrier (
-    run_id bigint NOT NULL, month int NOT NULL, carrier text NOT NULL,
+CREATE TABLE IF NOT EXISTS demo_month_totals (
+    run_id bigint NOT NULL, month int NOT NULL,
+    per text NOT NULL CHECK (per IN ('carrier', 'origin')), key text NOT NULL,
     flights int NOT NULL, cancelled int NOT NULL,
     dep_delay_sum bigint NOT NULL, dep_delay_n int NOT NULL,
     arr_delay_sum bigint NOT NULL, arr_delay_n int NOT NULL,
-    PRIMARY KEY (run_id, month, carrier));
-CREATE TABLE IF NOT EXISTS demo_month_origin (
-    run_id bigint NOT NULL, month int NOT NULL, origin text NOT NULL,
-    flights int NOT NULL, cancelled int NOT NULL,
-    dep_delay_sum bigint NOT NULL, dep_delay_n int NOT NULL,
-    arr_delay_sum bigint NOT NULL, arr_delay_n int NOT NULL,
-    PRIMARY KEY (run_id, month, origin));
+    PRIMARY KEY (run_id, month, per, key));
 CREATE TABLE IF NOT EXISTS demo_weather_effect (
     run_id bigint NOT NULL, origin text NOT NULL, condition text NOT NULL,
     flights int NOT NULL, mean_dep_delay float8,
@@ -46,6 +41,15 @@ CREATE TABLE IF NOT EXISTS demo_reports (
 -- name: demo_stage_flights
 CREATE TEMP TABLE demo_flights_in (LIKE demo_flights) ON COMMIT DROP;
 ALTER TABLE demo_flights_in DROP COLUMN run_id;
+
+
+-- name: demo_stage_airlines
+CREATE TEMP TABLE demo_airlines_in (LIKE demo_airlines) ON COMMIT DROP;
+
+
+-- name: demo_stage_weather
+CREATE TEMP TABLE demo_weather_in (LIKE demo_weather) ON COMMIT DROP;
+ALTER TABLE demo_weather_in DROP COLUMN run_id;
 
 
 -- name: demo_copy_flights
@@ -65,10 +69,6 @@ WITH gone AS (
 SELECT month, count(*)::int FROM loaded GROUP BY month ORDER BY month;
 
 
--- name: demo_stage_airlines
-CREATE TEMP TABLE demo_airlines_in (LIKE demo_airlines) ON COMMIT DROP;
-
-
 -- name: demo_copy_airlines
 COPY demo_airlines_in FROM STDIN (FORMAT csv, HEADER true);
 
@@ -77,54 +77,39 @@ COPY demo_airlines_in FROM STDIN (FORMAT csv, HEADER true);
 INSERT INTO demo_airlines SELECT * FROM demo_airlines_in ON CONFLICT (carrier) DO NOTHING;
 
 
--- name: demo_stage_weather
-CREATE TEMP TABLE demo_weather_in (LIKE demo_weather) ON COMMIT DROP;
-ALTER TABLE demo_weather_in DROP COLUMN run_id;
-
-
 -- name: demo_copy_weather
 COPY demo_weather_in FROM STDIN (FORMAT csv, HEADER true, NULL 'NA');
 
 
 -- name: demo_load_weather
+-- This run's staged observations (the rows inserted are the statement's row count).
 WITH gone AS (
     DELETE FROM demo_weather WHERE run_id = %(run_id)s
-), loaded AS (
-    INSERT INTO demo_weather
-    SELECT %(run_id)s, i.* FROM demo_weather_in i
-    RETURNING 1
 )
-SELECT count(*)::int FROM loaded;
+INSERT INTO demo_weather
+SELECT %(run_id)s, i.* FROM demo_weather_in i;
 
 
--- name: demo_month_by_carrier
--- One month's flights, cancellations (no departure time) and delay sums per carrier.
-INSERT INTO demo_month_carrier
-SELECT %(run_id)s, month, carrier, count(*), count(*) FILTER (WHERE dep_time IS NULL),
+-- name: demo_month_totals
+-- One month's flights, cancellations (no departure time) and delay sums per carrier and
+-- per origin airport (per = 'carrier' or 'origin', key = the carrier or the airport),
+-- from one read of the month's flights; totals computed again (a step run again)
+-- replace the stored ones.
+INSERT INTO demo_month_totals
+SELECT %(run_id)s, month,
+       CASE WHEN grouping(carrier) = 0 THEN 'carrier' ELSE 'origin' END,
+       coalesce(carrier, origin),
+       count(*), count(*) FILTER (WHERE dep_time IS NULL),
        coalesce(sum(dep_delay), 0), count(dep_delay),
        coalesce(sum(arr_delay), 0), count(arr_delay)
 FROM demo_flights
 WHERE run_id = %(run_id)s AND month = %(month)s
-GROUP BY month, carrier
-ON CONFLICT (run_id, month, carrier) DO UPDATE
-SET flights = excluded.flights, cancelled = excluded.cancelled,
-    dep_delay_sum = excluded.dep_delay_sum, dep_delay_n = excluded.dep_delay_n,
-    arr_delay_sum = excluded.arr_delay_sum, arr_delay_n = excluded.arr_delay_n;
-
-
--- name: demo_month_by_origin
-INSERT INTO demo_month_origin
-SELECT %(run_id)s, month, origin, count(*), count(*) FILTER (WHERE dep_time IS NULL),
-       coalesce(sum(dep_delay), 0), count(dep_delay),
-       coalesce(sum(arr_delay), 0), count(arr_delay)
-FROM demo_flights
-WHERE run_id = %(run_id)s AND month = %(month)s
-GROUP BY month, origin
-ON CONFLICT (run_id, month, origin) DO UPDATE
+GROUP BY GROUPING SETS ((month, carrier), (month, origin))
+ON CONFLICT (run_id, month, per, key) DO UPDATE
 SET flights = excluded.flights, cancelled = excluded.cancelled,
     dep_delay_sum = excluded.dep_delay_sum, dep_delay_n = excluded.dep_delay_n,
     arr_delay_sum = excluded.arr_delay_sum, arr_delay_n = excluded.arr_delay_n
-RETURNING flights, cancelled;
+RETURNING per, flights, cancelled;
 
 
 -- name: demo_weather_effect
@@ -165,32 +150,32 @@ DELETE FROM demo_weather WHERE run_id = %(run_id)s;
 
 -- name: demo_carrier_year
 -- The year per carrier: flights, cancellations, mean delays (minutes), airline name.
-SELECT m.carrier, a.name, sum(m.flights)::int, sum(m.cancelled)::int,
+SELECT m.key, a.name, sum(m.flights)::int, sum(m.cancelled)::int,
        sum(m.dep_delay_sum)::float8 / nullif(sum(m.dep_delay_n), 0),
        sum(m.arr_delay_sum)::float8 / nullif(sum(m.arr_delay_n), 0)
-FROM demo_month_carrier m
-LEFT JOIN demo_airlines a ON a.carrier = m.carrier
-WHERE m.run_id = %(run_id)s
-GROUP BY m.carrier, a.name
-ORDER BY m.carrier;
+FROM demo_month_totals m
+LEFT JOIN demo_airlines a ON a.carrier = m.key
+WHERE m.run_id = %(run_id)s AND m.per = 'carrier'
+GROUP BY m.key, a.name
+ORDER BY m.key;
 
 
 -- name: demo_carrier_months
 -- Mean arrival delay per carrier and month, for the chart.
-SELECT carrier, month, arr_delay_sum::float8 / nullif(arr_delay_n, 0)
-FROM demo_month_carrier
-WHERE run_id = %(run_id)s
-ORDER BY carrier, month;
+SELECT key, month, arr_delay_sum::float8 / nullif(arr_delay_n, 0)
+FROM demo_month_totals
+WHERE run_id = %(run_id)s AND per = 'carrier'
+ORDER BY key, month;
 
 
 -- name: demo_origin_year
-SELECT origin, sum(flights)::int, sum(cancelled)::int,
+SELECT key, sum(flights)::int, sum(cancelled)::int,
        sum(dep_delay_sum)::float8 / nullif(sum(dep_delay_n), 0),
        sum(arr_delay_sum)::float8 / nullif(sum(arr_delay_n), 0)
-FROM demo_month_origin
-WHERE run_id = %(run_id)s
-GROUP BY origin
-ORDER BY origin;
+FROM demo_month_totals
+WHERE run_id = %(run_id)s AND per = 'origin'
+GROUP BY key
+ORDER BY key;
 
 
 -- name: demo_weather_rows

@@ -7,8 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Periodic"]
+if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
+    from cyclone.wakeups import Announcer
+
+__all__ = ["Periodic", "Scanner"]
 
 log = logging.getLogger("cyclone.scanners")
 
@@ -66,3 +72,28 @@ class Periodic:
                     await self._kick.wait()
             except TimeoutError:
                 pass
+
+
+class Scanner(Periodic):
+    """A periodic pass over the database, in batches of at most ``batch`` rows, on
+    connections of ``pool``, that announces what it changed through ``announcer``.
+
+    Args:
+        pool: the engine pool (autocommit connections).
+        announcer: sends the wakeups and finished runs of each commit.
+        interval, name, jitter: as :class:`Periodic`.
+        batch: rows one statement of a pass takes at most.
+    """
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        announcer: Announcer,
+        *,
+        interval: float,
+        name: str,
+        batch: int,
+        jitter: bool = True,
+    ) -> None:
+        super().__init__(interval, name=name, jitter=jitter)
+        self._pool, self._announcer, self._batch = pool, announcer, batch

@@ -33,10 +33,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, fetch_async, run_plan_async
 from cyclone.options import micros
-from cyclone.scanners.loop import Periodic
+from cyclone.scanners.loop import Scanner
 from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, FirePlan, fire_plan
 from cyclone.sql import Q
-from cyclone.sql.rows import DueScheduleRow
+from cyclone.sql.rows import ScheduleRow
 from cyclone.submit import CompiledWorkflow, SubmitRequest, submit_plan
 from cyclone.wakeups import Announcer, Wakeups
 
@@ -61,7 +61,7 @@ class ScheduleScanResult:
     lost: int = 0
 
 
-class ScheduleScanner(Periodic):
+class ScheduleScanner(Scanner):
     """Fires due schedules every ``interval`` seconds (with 10 % jitter).
 
     Args:
@@ -88,14 +88,11 @@ class ScheduleScanner(Periodic):
         lease_ttl: float = 30.0,
         batch: int = 50,
     ) -> None:
-        super().__init__(interval, name="schedule scan")
-        self._pool = pool
-        self._announcer = announcer
+        super().__init__(pool, announcer, interval=interval, name="schedule scan", batch=batch)
         self._owner = owner
         self._definitions = definitions
         self.catch_up: CatchUp = catch_up
         self._lease_us = micros(lease_ttl)
-        self._batch = batch
 
     async def pass_once(self) -> bool:
         """One :meth:`scan_once`; True when it took a full batch (more may be due)."""
@@ -106,7 +103,7 @@ class ScheduleScanner(Periodic):
         """Claim the due schedules and fire one slot of each; returns what it did."""
         return await self.fire(await self.claim())
 
-    async def claim(self) -> list[DueScheduleRow]:
+    async def claim(self) -> list[ScheduleRow]:
         """Take the scanner lease on due schedules this client can fire; their rows."""
         async with self._pool.connection() as conn:
             return await fetch_async(
@@ -122,7 +119,7 @@ class ScheduleScanner(Periodic):
                 ),
             )
 
-    async def fire(self, claimed: list[DueScheduleRow]) -> ScheduleScanResult:
+    async def fire(self, claimed: list[ScheduleRow]) -> ScheduleScanResult:
         """Fire one slot of each claimed schedule, each in its own transaction."""
         fired = failed = lost = 0
         for row in claimed:
@@ -139,7 +136,7 @@ class ScheduleScanner(Periodic):
             self._announcer.announce(Wakeups.of_queues(queues))
         return ScheduleScanResult(fired=fired, failed=failed, lost=lost)
 
-    async def _fire(self, row: DueScheduleRow) -> set[str]:
+    async def _fire(self, row: ScheduleRow) -> set[str]:
         """Fire one slot of a claimed schedule; the queues its run went to.
 
         Raises:
@@ -172,7 +169,7 @@ class ScheduleScanner(Periodic):
         log.info("schedule %r fired slot %s: run %d", row.id, plan.slot.isoformat(), run_id)
         return queues
 
-    async def _insert_fire(self, row: DueScheduleRow, plan: FirePlan) -> tuple[int, set[str]]:
+    async def _insert_fire(self, row: ScheduleRow, plan: FirePlan) -> tuple[int, set[str]]:
         """The fire transaction: the run, then the guarded move and the fire row."""
         async with self._pool.connection() as conn, conn.transaction():
             if row.def_version is None:
@@ -202,7 +199,7 @@ class ScheduleScanner(Periodic):
                 raise _LostSlot(row.id)
         return run_id, queues
 
-    async def _pass_over(self, row: DueScheduleRow, plan: FirePlan) -> None:
+    async def _pass_over(self, row: ScheduleRow, plan: FirePlan) -> None:
         async with self._pool.connection() as conn:
             moved = await fetch_async(
                 conn,
@@ -241,7 +238,7 @@ class ScheduleScanner(Periodic):
             )
 
 
-def _enqueue_params(row: DueScheduleRow) -> dict[str, Any]:
+def _enqueue_params(row: ScheduleRow) -> dict[str, Any]:
     """``steps_enqueue`` parameters for a kind schedule's fire (the row's options)."""
     return {
         "kind": row.kind,
@@ -250,9 +247,9 @@ def _enqueue_params(row: DueScheduleRow) -> dict[str, Any]:
         "max_attempts": row.max_attempts,
         "scheduled_at": None,
         "delay_us": 0,
-        "timeout_us": row.timeout_us,
+        "timeout_us": micros(row.timeout_s),
         "unique_key": None,
         "sequence_key": None,
-        "retention_us": row.retention_us,
+        "retention_us": micros(row.retention_s),
         "input": row.input,
     }

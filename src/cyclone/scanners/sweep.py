@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.graph import parse_advanced
-from cyclone.scanners.loop import Periodic
+from cyclone.scanners.loop import Scanner
 from cyclone.sql import Q
 from cyclone.transitions import reclaim_stmts
 from cyclone.wakeups import NO_WAKEUPS, Announcer, Wakeups
@@ -29,15 +29,7 @@ __all__ = ["SweepResult", "Sweeper"]
 log = logging.getLogger("cyclone.sweep")
 
 
-@dataclass(frozen=True, slots=True)
-class SweepResult:
-    """What one pass did: steps made available again, steps discarded."""
-
-    reclaimed: int = 0
-    discarded: int = 0
-
-
-class Sweeper(Periodic):
+class Sweeper(Scanner):
     """Runs the recovery sweep every ``interval`` seconds (with 10 % jitter)."""
 
     def __init__(
@@ -49,11 +41,8 @@ class Sweeper(Periodic):
         max_reclaims: int,
         batch: int = 500,
     ) -> None:
-        super().__init__(interval, name="recovery sweep")
-        self._pool = pool
-        self._announcer = announcer
+        super().__init__(pool, announcer, interval=interval, name="recovery sweep", batch=batch)
         self.max_reclaims = max_reclaims
-        self._batch = batch
 
     async def pass_once(self) -> bool:
         """One :meth:`sweep_once`."""
@@ -86,3 +75,11 @@ class Sweeper(Periodic):
                 log.info("step %d reclaimed (%s)", row.id, why)
                 self._announcer.announce(Wakeups.of_queues(step.queue for step in back))
         return SweepResult(reclaimed=reclaimed, discarded=discarded)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one pass did: steps made available again, steps discarded."""
+
+    reclaimed: int = 0
+    discarded: int = 0

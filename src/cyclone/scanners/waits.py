@@ -38,7 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.scanners import timers
 from cyclone.scanners.children import children
 from cyclone.scanners.fan_outs import fan_outs
-from cyclone.scanners.loop import Periodic
+from cyclone.scanners.loop import Scanner
 from cyclone.scanners.settle import Settlement
 from cyclone.submit import CompiledWorkflow
 from cyclone.wakeups import Announcer
@@ -60,7 +60,7 @@ class ScanResult:
     children: int = 0
 
 
-class WaitScanner(Periodic):
+class WaitScanner(Scanner):
     """Completes timers and satisfied signal waits, times out waits, enforces deadlines."""
 
     def __init__(
@@ -72,13 +72,12 @@ class WaitScanner(Periodic):
         definitions: Mapping[str, CompiledWorkflow] | None = None,
         batch: int = 200,
     ) -> None:
-        super().__init__(interval, name="wait scan", jitter=False)
+        super().__init__(
+            pool, announcer, interval=interval, name="wait scan", batch=batch, jitter=False
+        )
         self._full_due = True  # the first pass is a full one
         self._last_full = -math.inf
         self._definitions = definitions or {}
-        self._pool = pool
-        self._announcer = announcer
-        self._batch = batch
 
     def kick(self) -> None:
         """Run a full pass (:meth:`scan_once`) now."""

@@ -48,7 +48,6 @@ from cyclone.sql.rows import (
     ClaimRow,
     DepRow,
     DiscardRow,
-    DueScheduleRow,
     EnqueuedRow,
     FailedFireRow,
     FanOutRow,
@@ -58,7 +57,6 @@ from cyclone.sql.rows import (
     IdRow,
     KeyedEnqueuedRow,
     KeyIdRow,
-    LockedScheduleRow,
     NowRow,
     OutputRow,
     ParentRow,
@@ -69,6 +67,7 @@ from cyclone.sql.rows import (
     RunCancelledRow,
     RunStateRow,
     RunVersionRow,
+    ScheduleRow,
     SignalRow,
     SignalTimeoutRow,
     StateRow,
@@ -101,9 +100,12 @@ _EXTENDS = re.compile(r"^-- extends: (\w+)\s*$", re.MULTILINE)
 _USE = re.compile(r"^([ \t]*)-- use: (\w+)[ \t]*$", re.MULTILINE)
 _FILES = (
     "fragments.sql",
+    "enqueue.sql",
     "steps.sql",
+    "waits.sql",
     "graph.sql",
     "runs.sql",
+    "purge.sql",
     "signals.sql",
     "schedules.sql",
     "notify.sql",
@@ -226,13 +228,14 @@ class Query(Generic[R]):
 class Queries:
     """The named statements, loaded from the package's ``.sql`` files."""
 
-    # steps.sql
+    # enqueue.sql
     steps_enqueue: Query[EnqueuedRow]
     steps_enqueue_woken: Query[WokenEnqueuedRow]
     steps_find_unique: Query[EnqueuedRow]
     steps_enqueue_many: Query[EnqueuedRow]
     steps_enqueue_keyed: Query[KeyedEnqueuedRow]
     steps_find_submit_keys: Query[SubmitKeyRow]
+    # steps.sql
     steps_claim: Query[ClaimRow]
     steps_sequence_lock: Query[None]
     steps_sequence_release: Query[IdRow]
@@ -247,6 +250,9 @@ class Queries:
     steps_reclaim: Query[StepQueueRow]
     steps_reclaim_discard: Query[IdRow]
     steps_list: Query[Step]
+    steps_tx_backend: Query[BackendRow]
+    steps_end_tx_backend: Query[TerminatedRow]
+    # waits.sql
     steps_timers_due: Query[StepRunRow]
     steps_signal_timeouts_due: Query[SignalTimeoutRow]
     steps_discard_waiting: Query[IdRow]
@@ -257,8 +263,6 @@ class Queries:
     steps_children_to_start: Query[ChildStartRow]
     steps_children_done: Query[ChildDoneRow]
     steps_orphaned_children: Query[ParentRow]
-    steps_tx_backend: Query[BackendRow]
-    steps_end_tx_backend: Query[TerminatedRow]
     # graph.sql
     graph_advance: Query[GraphRow]
     graph_expand_fan_outs: Query[GraphRow]
@@ -277,10 +281,11 @@ class Queries:
     runs_cancel_children: Query[GraphRow]
     runs_get: Query[Run]
     runs_list: Query[Run]
+    runs_state: Query[StateRow]
+    # purge.sql
     runs_purge_plan: Query[None]
     runs_purge: Query[IdRow]
     runs_purge_older: Query[IdRow]
-    runs_state: Query[StateRow]
     # signals.sql
     signals_run_lock: Query[RunStateRow]
     signals_waits: Query[WaitRow]
@@ -291,12 +296,12 @@ class Queries:
     # schedules.sql
     schedules_now: Query[NowRow]
     schedules_insert: Query[KeyIdRow]
-    schedules_lock: Query[LockedScheduleRow]
+    schedules_lock: Query[ScheduleRow]
     schedules_replace: Query[KeyIdRow]
     schedules_set_enabled: Query[KeyIdRow]
     schedules_delete: Query[KeyIdRow]
     schedules_list: Query[Schedule]
-    schedules_claim: Query[DueScheduleRow]
+    schedules_claim: Query[ScheduleRow]
     schedules_fired: Query[FiredRow]
     schedules_pass_over: Query[KeyIdRow]
     schedules_failed: Query[FailedFireRow]

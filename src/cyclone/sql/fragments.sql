@@ -3,13 +3,18 @@
 -- there, indented as that line is. Fragments in other files serve that file only.
 
 
+-- fragment: step_closed
+-- The assignments of a step that ends now: completed now, no lease. Last in its SET list.
+completed_at = now(),
+lease_owner = NULL,
+lease_expiry = NULL
+
+
 -- fragment: step_cancelled
 -- The assignments that cancel a step that is not terminal: no lease, completed now.
 -- Last in its SET list (a statement's own assignments, error and error_kind, come first).
 state = 'cancelled',
-completed_at = now(),
-lease_owner = NULL,
-lease_expiry = NULL
+-- use: step_closed
 
 
 -- fragment: run_ended_now

@@ -23,7 +23,6 @@ __all__ = [
     "ClaimRow",
     "DepRow",
     "DiscardRow",
-    "DueScheduleRow",
     "EnqueuedRow",
     "FailedFireRow",
     "FanOutRow",
@@ -33,7 +32,6 @@ __all__ = [
     "IdRow",
     "KeyIdRow",
     "KeyedEnqueuedRow",
-    "LockedScheduleRow",
     "NowRow",
     "OutputRow",
     "ParentRow",
@@ -44,6 +42,7 @@ __all__ = [
     "RunCancelledRow",
     "RunStateRow",
     "RunVersionRow",
+    "ScheduleRow",
     "SignalRow",
     "SignalTimeoutRow",
     "StateRow",
@@ -276,10 +275,10 @@ class ChildStartRow(NamedTuple):
     run_id: int
     node: str
     def_version: str
-    input: Any
-    input_from: str | None
     binding_nodes: list[str] | None
     binding_modes: list[str] | None
+    input_from: str | None
+    input: Any
 
 
 class ChildDoneRow(NamedTuple):
@@ -371,8 +370,9 @@ class SignalRow(NamedTuple):
     payload: Any
 
 
-class LockedScheduleRow(NamedTuple):
-    """A schedule locked for an update (durations in seconds; ``input`` JSON text)."""
+class ScheduleRow(NamedTuple):
+    """A schedule locked for an update or leased to fire (durations in seconds;
+    ``input`` JSON text; ``now`` the database clock)."""
 
     id: str
     kind: str
@@ -387,25 +387,6 @@ class LockedScheduleRow(NamedTuple):
     timeout_s: float | None
     retention_s: float | None
     enabled: bool
-    now: datetime
-
-
-class DueScheduleRow(NamedTuple):
-    """A due schedule a scanner leased (durations in microseconds; ``input`` JSON
-    text)."""
-
-    id: str
-    kind: str
-    def_version: str | None
-    input: str
-    cron_spec: str
-    location: str
-    next_run_at: datetime
-    queue: str
-    priority: int
-    max_attempts: int
-    timeout_us: int | None
-    retention_us: int | None
     now: datetime
 
 

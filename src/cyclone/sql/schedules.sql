@@ -27,13 +27,20 @@ ON CONFLICT (id) DO NOTHING
 RETURNING id;
 
 
+-- fragment: schedule_row
+-- A schedule as the statements that change or fire it read it: durations in seconds,
+-- the input as JSON text, and the database clock.
+id, kind, def_version, input::text AS input, cron_spec, location, next_run_at,
+queue, priority, max_attempts,
+extract(epoch FROM timeout)::float8 AS timeout_s,
+extract(epoch FROM retention)::float8 AS retention_s,
+enabled, now() AS now
+
+
 -- name: schedules_lock
 -- One schedule, locked for an update, with the database clock.
-SELECT id, kind, def_version, input::text AS input, cron_spec, location, next_run_at,
-       queue, priority, max_attempts,
-       extract(epoch FROM timeout)::float8 AS timeout_s,
-       extract(epoch FROM retention)::float8 AS retention_s,
-       enabled, now() AS now
+SELECT
+    -- use: schedule_row
 FROM cyclone_schedules
 WHERE id = %(id)s
 FOR UPDATE;
@@ -105,7 +112,7 @@ ORDER BY id;
 -- Take a scanner lease on due schedules this scanner can fire (a workflow schedule
 -- needs its pinned definition), skipping rows another scanner holds; idx_schedules_due.
 WITH due AS (
-    SELECT id
+    SELECT id AS due_id
     FROM cyclone_schedules
     WHERE enabled
       AND next_run_at <= now()
@@ -119,12 +126,10 @@ UPDATE cyclone_schedules s
 SET lease_owner = %(owner)s,
     lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond'
 FROM due
-WHERE s.id = due.id
-RETURNING s.id, s.kind, s.def_version, s.input::text AS input, s.cron_spec, s.location,
-          s.next_run_at, s.queue, s.priority, s.max_attempts,
-          (extract(epoch FROM s.timeout) * 1000000)::bigint AS timeout_us,
-          (extract(epoch FROM s.retention) * 1000000)::bigint AS retention_us,
-          now() AS now;
+WHERE s.id = due.due_id
+RETURNING
+    -- use: schedule_row
+;
 
 
 -- name: schedules_fired

@@ -1,4 +1,5 @@
--- Statements on cyclone_steps: enqueue, claim, heartbeat, outcomes, recovery.
+-- Statements on cyclone_steps: claim, heartbeat, outcomes, recovery (the enqueue is in
+-- enqueue.sql, the wait scanner's statements in waits.sql).
 --
 -- Every state transition here is a compare-and-swap: the WHERE clause names the state
 -- the row must be in and, for a worker's transition, the lease owner and the lease
@@ -21,23 +22,14 @@
 -- statement to this.
 
 
--- fragment: job_step_insert
--- The insert of a standalone run's one step (a job): its columns.
-INSERT INTO cyclone_steps (
-    run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-    timeout, unique_key, sequence_key, retention)
-
-
--- fragment: job_step_values
--- The values of job_step_insert after the run id: the enqueue's options, durations in
--- microseconds, the due time the database clock computes from %(delay_us)s unless
--- %(scheduled_at)s names one.
-%(kind)s, %(kind)s, 'available', %(queue)s, %(priority)s, %(max_attempts)s,
-coalesce(%(scheduled_at)s::timestamptz,
-         now() + %(delay_us)s::bigint * interval '1 microsecond'),
-%(timeout_us)s::bigint * interval '1 microsecond',
-%(unique_key)s, %(sequence_key)s,
-%(retention_us)s::bigint * interval '1 microsecond'
+-- fragment: step_given_back
+-- The assignments that give a held step s back: claimable again (available, or paused
+-- in a paused run), its lease cleared. Last in its SET list.
+state = CASE WHEN EXISTS (
+        SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'paused')
+    THEN 'paused' ELSE 'available' END,
+lease_owner = NULL,
+lease_expiry = NULL
 
 
 -- fragment: lease_cas
@@ -70,137 +62,6 @@ WHERE e.sequence_key = s.sequence_key
 SELECT array_agg(i.dep_node ORDER BY i.slot) AS binding_nodes,
        array_agg(i.assembly_mode ORDER BY i.slot) AS binding_modes
 FROM cyclone_step_inputs i
-
-
--- name: steps_enqueue
--- A standalone run and its one step, in one statement. The step is inserted first so
--- that its ON CONFLICT on idx_steps_unique_active decides whether anything is written:
--- on a live duplicate unique_key no step and no run is inserted and no row comes back.
--- The run id is drawn from the run identity in advance; the foreign key from the step
--- to the run is checked at the end of the statement, when both rows exist.
-WITH new_run AS (
-    SELECT nextval('cyclone_runs_id_seq') AS id
-), step AS (
-    -- use: job_step_insert
-    SELECT new_run.id,
-           -- use: job_step_values
-    FROM new_run
-    ON CONFLICT (kind, unique_key)
-        WHERE unique_key IS NOT NULL AND state NOT IN ('completed', 'discarded', 'cancelled')
-        DO NOTHING
-    RETURNING id, run_id
-), run AS (
-    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, retention)
-    OVERRIDING SYSTEM VALUE
-    SELECT step.run_id, %(kind)s, 'job', %(input)s::jsonb, %(kind)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
-    FROM step
-)
-SELECT step.id AS step_id, step.run_id
-FROM step;
-
-
--- name: steps_enqueue_woken
--- extends: steps_enqueue
--- steps_enqueue with another last SELECT (the loader writes the rest from it), which also
--- notifies the step's queue with the payload %(wake)s when a step is written: the
--- notification goes out when the statement's transaction commits, so an enqueue at the
--- leading edge of its queue's wakeup window is one statement and one round trip,
--- wakeup included. Skipped while the server's notification queue is over half full
--- ("woke" false). A role that may not execute pg_notify cannot run this statement at
--- all (the privilege is checked before anything runs): the client then uses
--- steps_enqueue and the publisher.
-SELECT step.id AS step_id, step.run_id,
-       (SELECT pg_notify('cyclone_available', %(wake)s::text)
-        WHERE pg_notification_queue_usage() < 0.5) IS NOT NULL AS woke
-FROM step;
-
-
--- name: steps_find_unique
--- The active step that holds (kind, unique_key), if any: the run a duplicate enqueue
--- returns.
-SELECT id AS step_id, run_id
-FROM cyclone_steps
-WHERE kind = %(kind)s
-  AND unique_key = %(unique_key)s
-  AND state NOT IN ('completed', 'discarded', 'cancelled');
-
-
--- name: steps_enqueue_many
--- Many standalone runs of one kind with shared options, in one statement. The inputs
--- come as one JSON array text (%(inputs_json)s: parsed once, no array literal of JSON
--- texts to unpack). Run ids are drawn in input order as the array is read, so sorting
--- the rows by run id gives input order (the client sorts them: no sort here).
-WITH v AS (
-    SELECT nextval('cyclone_runs_id_seq') AS run_id, u.input
-    FROM jsonb_array_elements(%(inputs_json)s::jsonb) AS u (input)
-), run AS (
-    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, retention)
-    OVERRIDING SYSTEM VALUE
-    SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
-    FROM v
-), step AS (
-    -- use: job_step_insert
-    SELECT v.run_id,
-           -- use: job_step_values
-    FROM v
-    RETURNING id, run_id
-)
-SELECT step.id AS step_id, step.run_id
-FROM step;
-
-
--- name: steps_enqueue_keyed
--- Standalone runs of one kind with submit keys, in one statement: %(submit_keys)s is
--- aligned with %(inputs)s (NULL for an input without a key). The run is inserted first,
--- so that its ON CONFLICT on idx_runs_submit_key decides whether anything is written
--- (waiting for a concurrent insert of the key to commit or roll back): for a key some
--- run holds, in any state, neither a run nor a step is written and no row comes back.
--- Each written input returns (ord, step_id, run_id), ord its position from 1. A key
--- that came back empty is looked up by steps_find_submit_keys in a following statement:
--- a run committed while this statement waited is invisible to its snapshot. Runs are
--- inserted in key order (their ids are drawn in input order all the same), so that two
--- calls waiting on each other's keys always take them in one order: no deadlock.
-WITH v AS (
-    SELECT nextval('cyclone_runs_id_seq') AS run_id, u.input, u.submit_key, u.ord
-    FROM unnest(%(inputs)s::jsonb[], %(submit_keys)s::text[])
-        WITH ORDINALITY AS u (input, submit_key, ord)
-), run AS (
-    INSERT INTO cyclone_runs (
-        id, workflow, def_version, input, result_node, submit_key, retention)
-    OVERRIDING SYSTEM VALUE
-    SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s, v.submit_key,
-           %(retention_us)s::bigint * interval '1 microsecond'
-    FROM v
-    ORDER BY v.submit_key, v.ord
-    ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
-    RETURNING id
-), step AS (
-    -- use: job_step_insert
-    SELECT v.run_id,
-           -- use: job_step_values
-    FROM v
-    JOIN run ON run.id = v.run_id
-    ORDER BY v.ord
-    RETURNING id, run_id
-)
-SELECT v.ord, step.id AS step_id, step.run_id
-FROM step
-JOIN v ON v.run_id = step.run_id
-ORDER BY v.ord;
-
-
--- name: steps_find_submit_keys
--- The runs of kind %(kind)s that hold the given submit keys (in any state, until they
--- are purged) and the step of each: what a duplicate enqueue returns. A key held by a
--- run of a workflow of the same name comes back with its def_version and no step.
-SELECT r.submit_key, s.id AS step_id, r.id AS run_id, r.def_version
-FROM cyclone_runs r
-LEFT JOIN cyclone_steps s
-       ON s.run_id = r.id AND s.node = r.workflow AND r.def_version = 'job'
-WHERE r.workflow = %(kind)s
-  AND r.submit_key = ANY(%(submit_keys)s::text[]);
 
 
 -- name: steps_claim
@@ -336,9 +197,7 @@ WITH v AS (
         SELECT s.id
         FROM cyclone_steps s
         WHERE s.id = v.id
-          AND (s.state = 'running') IS TRUE
-          AND s.lease_owner = v.owner
-          AND s.lease_generation = v.generation
+          -- use: lease_cas
           AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
         FOR NO KEY UPDATE OF s SKIP LOCKED) h
 ), renewed AS (
@@ -364,9 +223,7 @@ WHERE NOT EXISTS (SELECT 1 FROM renewed r WHERE r.id = v.id AND r.lease_owner = 
       SELECT 1
       FROM cyclone_steps s
       WHERE s.id = v.id
-        AND (s.state = 'running') IS TRUE
-        AND s.lease_owner = v.owner
-        AND s.lease_generation = v.generation
+        -- use: lease_cas
         AND (s.timeout IS NULL OR s.started_at + s.timeout > now())
       OFFSET 0);
 
@@ -437,17 +294,13 @@ RETURNING s.id, s.queue;
 -- A failed attempt with attempts left: count it, record the error, and make the step
 -- claimable again after the backoff delay (computed by the caller, applied on the
 -- database clock); in a paused run it is parked as paused until resume.
-UPDATE cyclone_steps
-SET state = CASE WHEN EXISTS (
-            SELECT 1 FROM cyclone_runs r WHERE r.id = run_id AND r.state = 'paused')
-        THEN 'paused' ELSE 'available' END,
-    attempt = attempt + 1,
+UPDATE cyclone_steps s
+SET attempt = attempt + 1,
     error = %(error)s,
     error_kind = %(error_kind)s,
     panic_stack = %(panic_stack)s,
     scheduled_at = now() + %(delay_us)s::bigint * interval '1 microsecond',
-    lease_owner = NULL,
-    lease_expiry = NULL
+    -- use: step_given_back
 WHERE id = %(id)s
   AND (state = 'running') IS TRUE
   AND lease_owner = %(owner)s
@@ -464,9 +317,7 @@ SET state = 'discarded',
     error = %(error)s,
     error_kind = %(error_kind)s,
     panic_stack = %(panic_stack)s,
-    completed_at = now(),
-    lease_owner = NULL,
-    lease_expiry = NULL
+    -- use: step_closed
 WHERE id = %(id)s
   AND (state = 'running') IS TRUE
   AND lease_owner = %(owner)s
@@ -479,11 +330,8 @@ RETURNING id;
 -- scheduled_at is unchanged: another worker may claim them at once (in a paused run
 -- they are parked as paused).
 UPDATE cyclone_steps s
-SET state = CASE WHEN EXISTS (
-            SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'paused')
-        THEN 'paused' ELSE 'available' END,
-    lease_owner = NULL,
-    lease_expiry = NULL
+SET
+    -- use: step_given_back
 FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[], %(owners)s::text[])
     AS v (id, generation, owner)
 WHERE s.id = v.id
@@ -514,15 +362,11 @@ UNION ALL
 -- unchanged), lease cleared, reclaims + 1, attempt unchanged (a reclaim is not an
 -- attempt; parked as paused in a paused run). Guarded on the generation the sweep read
 -- and on the expiry still holding.
-UPDATE cyclone_steps
-SET state = CASE WHEN EXISTS (
-            SELECT 1 FROM cyclone_runs r WHERE r.id = run_id AND r.state = 'paused')
-        THEN 'paused' ELSE 'available' END,
-    reclaims = reclaims + 1,
+UPDATE cyclone_steps s
+SET reclaims = reclaims + 1,
     error = %(error)s,
     error_kind = %(error_kind)s,
-    lease_owner = NULL,
-    lease_expiry = NULL
+    -- use: step_given_back
 WHERE id = %(id)s
   AND (state = 'running') IS TRUE
   AND lease_generation = %(generation)s
@@ -538,9 +382,7 @@ UPDATE cyclone_steps
 SET state = 'discarded',
     error = %(error)s,
     error_kind = 'reclaim_limit',
-    completed_at = now(),
-    lease_owner = NULL,
-    lease_expiry = NULL
+    -- use: step_closed
 WHERE id = %(id)s
   AND (state = 'running') IS TRUE
   AND lease_generation = %(generation)s
@@ -571,235 +413,6 @@ FROM cyclone_steps s
 JOIN cyclone_runs r ON r.id = s.run_id
 WHERE s.run_id = %(run_id)s
 ORDER BY s.id;
-
-
--- name: steps_timers_due
--- The wait scanner's timers: lock the runs of due timer steps (idx_steps_timer), skipping
--- runs another transaction holds; the steps come back to be completed in this
--- transaction (graph_advance, CAS on waiting_timer).
-SELECT s.id, s.run_id
-FROM cyclone_runs r
-JOIN cyclone_steps s ON s.run_id = r.id
-WHERE s.id IN (
-    SELECT t.id
-    FROM cyclone_steps t
-    JOIN cyclone_runs tr ON tr.id = t.run_id
-    WHERE t.state = 'waiting_timer' AND t.scheduled_at <= now() AND tr.state = 'running'
-    ORDER BY t.scheduled_at
-    LIMIT %(limit)s)
-  AND r.state = 'running'
-ORDER BY r.id
-FOR UPDATE OF r SKIP LOCKED;
-
-
--- name: steps_signal_timeouts_due
--- The wait scanner's signal timeouts: lock the runs of signal waits past their timeout
--- (idx_steps_signal_timeout), skipping runs another transaction holds.
-SELECT s.id, s.run_id, s.node, extract(epoch FROM s.wait_for)::float8 AS wait_for_s
-FROM cyclone_runs r
-JOIN cyclone_steps s ON s.run_id = r.id
-WHERE s.id IN (
-    SELECT t.id
-    FROM cyclone_steps t
-    JOIN cyclone_runs tr ON tr.id = t.run_id
-    WHERE t.state = 'waiting_signal' AND t.wait_for IS NOT NULL AND t.scheduled_at <= now()
-      AND tr.state = 'running'
-    ORDER BY t.scheduled_at
-    LIMIT %(limit)s)
-  AND r.state = 'running'
-ORDER BY r.id
-FOR UPDATE OF r SKIP LOCKED;
-
-
--- name: steps_discard_waiting
--- A step the wait scanner gives up on is discarded, CAS on the state it waits in
--- (%(waiting)s): a signal wait whose timeout passed (waiting_signal), a fan-out node
--- whose input is refused or whose collected output is over max_bytes (pending, a
--- fan-out node), a child node whose child run failed or was cancelled or whose input
--- cannot be built (waiting_child). graph_resolve_discard follows in the same
--- transaction.
-UPDATE cyclone_steps
-SET state = 'discarded',
-    error = %(error)s,
-    error_kind = %(error_kind)s,
-    completed_at = now()
-WHERE id = %(id)s
-  AND state = %(waiting)s::text
-  AND (state <> 'waiting_signal' OR (wait_for IS NOT NULL AND scheduled_at <= now()))
-  AND (state <> 'pending' OR fan_out_parallel IS NOT NULL)
-RETURNING id;
-
-
--- name: steps_fan_outs_lock
--- The fan-out scanner: lock (skipping those another transaction holds) running runs
--- with a reached fan-out node (pending, every dependency completed; idx_steps_fan_out).
-SELECT r.id
-FROM cyclone_runs r
-WHERE r.id IN (
-    SELECT f.run_id
-    FROM cyclone_steps f
-    JOIN cyclone_runs fr ON fr.id = f.run_id
-    WHERE f.fan_out_parallel IS NOT NULL
-      AND f.state = 'pending'
-      AND (fr.state = 'running') IS TRUE
-      AND NOT EXISTS (
-          SELECT 1
-          FROM cyclone_deps d
-          JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-          WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed')
-    ORDER BY f.id
-    LIMIT %(limit)s)
-  AND (r.state = 'running') IS TRUE
-ORDER BY r.id
-FOR UPDATE SKIP LOCKED;
-
-
--- name: steps_fan_outs_state
--- The reached fan-out nodes of locked runs, read at a cost bounded by max_parallel, not
--- by the node's item count. Every probe of the items is an equality or range on the
--- leading columns of idx_steps_items (run_id, item_of, state, item_index) with an ORDER
--- BY that the index answers, so that it reads only the entries it returns and no plan
--- that scans the items (a sequential scan hoping to meet a match soon) is cheaper:
--- "expanded": the node has items (its item 0, by the unique (run_id, node), as item
--- tasks are inserted all at once and never deleted one by one); "active": its
--- available and running items, counted up to fan_out_parallel (not when it is 0, which
--- needs no room); "unfinished": an item not completed exists, found as the first entry
--- after or before the state 'completed' in the index, never visiting the completed
--- ones. The upstream output (a list that may be large, stored out of line) is read only
--- for a node without items: its JSON type and length, to judge a list that is not a
--- list, longer than fan_out_max_items, or empty. An expanded node never reads it again.
-SELECT f.id, f.run_id, f.node, f.fan_out_parallel, f.fan_out_max_bytes,
-       f.fan_out_max_items, i0.id IS NOT NULL AS expanded,
-       CASE WHEN i0.id IS NULL THEN jsonb_typeof(src.output) END AS over_type,
-       CASE WHEN i0.id IS NULL AND jsonb_typeof(src.output) = 'array'
-            THEN jsonb_array_length(src.output) END AS over_length,
-       CASE WHEN i0.id IS NOT NULL AND f.fan_out_parallel > 0 THEN
-                (SELECT count(*) FROM (
-                     SELECT 1 FROM cyclone_steps i
-                     WHERE i.run_id = f.run_id AND i.item_of = f.node
-                       AND i.state = 'available'
-                     ORDER BY i.item_index
-                     LIMIT f.fan_out_parallel) AS a)
-                + (SELECT count(*) FROM (
-                     SELECT 1 FROM cyclone_steps i
-                     WHERE i.run_id = f.run_id AND i.item_of = f.node
-                       AND i.state = 'running'
-                     ORDER BY i.item_index
-                     LIMIT f.fan_out_parallel) AS r)
-            ELSE 0 END AS active,
-       i0.id IS NOT NULL
-           AND ((SELECT i.state FROM cyclone_steps i
-                 WHERE i.run_id = f.run_id AND i.item_of = f.node AND i.state > 'completed'
-                 ORDER BY i.state, i.item_index
-                 LIMIT 1) IS NOT NULL
-                OR (SELECT i.state FROM cyclone_steps i
-                    WHERE i.run_id = f.run_id AND i.item_of = f.node
-                      AND i.state < 'completed'
-                    ORDER BY i.state, i.item_index
-                    LIMIT 1) IS NOT NULL) AS unfinished
-FROM cyclone_steps f
-JOIN cyclone_steps src ON src.run_id = f.run_id AND src.node = f.input_from
-LEFT JOIN cyclone_steps i0 ON i0.run_id = f.run_id AND i0.node = f.node || '[0]'
-WHERE f.run_id = ANY(%(run_ids)s::bigint[])
-  AND f.fan_out_parallel IS NOT NULL
-  AND f.state = 'pending'
-  AND src.state = 'completed'
-  AND NOT EXISTS (
-      SELECT 1
-      FROM cyclone_deps d
-      JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-      WHERE d.run_id = f.run_id AND d.node = f.node AND p.state <> 'completed');
-
-
--- name: steps_release_items
--- Release up to %(count)s pending items of a fan-out node, in item order (NULL: all of
--- them). It reads only the entries it releases (idx_steps_items, in item_index order
--- under the equality on run_id, item_of and state), never counting the others.
-UPDATE cyclone_steps s
-SET state = 'available'
-WHERE s.id IN (
-    SELECT i.id
-    FROM cyclone_steps i
-    WHERE i.run_id = %(run_id)s AND i.item_of = %(node)s AND i.state = 'pending'
-    ORDER BY i.item_index
-    LIMIT %(count)s)
-  AND s.state = 'pending'
-RETURNING s.queue;
-
-
--- name: steps_fan_out_collect
--- The items' outputs of a fan-out node in item order, and their size in bytes.
-SELECT coalesce(jsonb_agg(i.output ORDER BY i.item_index), '[]'::jsonb)::text AS output
-FROM cyclone_steps i
-WHERE i.run_id = %(run_id)s
-  AND i.item_of = %(node)s;
-
-
--- name: steps_children_to_start
--- The child scanner: child nodes reached (waiting_child, idx_steps_waiting_child) with
--- no child run yet, in running runs locked with SKIP LOCKED; with what their input is
--- made of (as steps_claim returns it).
-SELECT s.id, s.run_id, s.node, r.def_version, coalesce(s.input, r.input) AS input,
-       s.input_from, b.binding_nodes, b.binding_modes
-FROM cyclone_runs r
-JOIN cyclone_steps s ON s.run_id = r.id
-CROSS JOIN LATERAL (
-    -- use: step_bindings
-    WHERE i.run_id = s.run_id AND i.node = s.node) b
-WHERE s.state = 'waiting_child'
-  AND (r.state = 'running') IS TRUE
-  AND NOT EXISTS (
-      SELECT 1 FROM cyclone_runs c
-      WHERE c.parent_run_id = s.run_id AND c.parent_node_id = s.node)
-ORDER BY s.id
-LIMIT %(limit)s
-FOR UPDATE OF r SKIP LOCKED;
-
-
--- name: steps_children_done
--- The child scanner: child nodes whose child run is finished (idx_runs_parent), in
--- running runs locked with SKIP LOCKED, with the child's result and error.
-SELECT s.id, s.run_id, s.node, s.child_needs_result, c.id AS child_id, c.state,
-       (SELECT o.output::text FROM cyclone_steps o
-        WHERE o.run_id = c.id AND o.node = c.result_node) AS result,
-       (SELECT e.error FROM cyclone_steps e
-        WHERE e.run_id = c.id AND e.error IS NOT NULL AND e.state IN ('discarded', 'cancelled')
-        ORDER BY e.state DESC, e.completed_at, e.id LIMIT 1) AS error
-FROM cyclone_runs r
-JOIN cyclone_steps s ON s.run_id = r.id
-JOIN cyclone_runs c ON c.parent_run_id = s.run_id AND c.parent_node_id = s.node
-WHERE s.state = 'waiting_child'
-  AND (r.state = 'running') IS TRUE
-  AND (c.state IN ('completed', 'failed', 'cancelled')) IS TRUE
-ORDER BY s.id
-LIMIT %(limit)s
-FOR UPDATE OF r SKIP LOCKED;
-
-
--- name: steps_orphaned_children
--- A backstop for child runs left active when their parent ended (rows written before a
--- parent cancelled its children on ending, or a child started in a race with the end):
--- the parent runs of active child runs whose parent node ended without completing,
--- whose parent run is terminal, or whose parent run is gone (purged). The scanner
--- locks each parent and cancels its children with runs_cancel_children, which
--- rechecks all of this under the lock.
--- The parent run and its child node are probed by key for each active child run
--- (LATERAL ... OFFSET 0), never joined by a hash over every run and step kept.
-SELECT DISTINCT c.parent_run_id
-FROM cyclone_runs c
-LEFT JOIN LATERAL (
-    SELECT p.id, p.state FROM cyclone_runs p WHERE p.id = c.parent_run_id OFFSET 0) p ON true
-LEFT JOIN LATERAL (
-    SELECT s.state
-    FROM cyclone_steps s
-    WHERE s.run_id = c.parent_run_id AND s.node = c.parent_node_id
-    OFFSET 0) s ON true
-WHERE c.parent_run_id IS NOT NULL
-  AND c.state IN ('running', 'paused')
-  AND (p.id IS NULL
-       OR p.state IN ('completed', 'failed', 'cancelled')
-       OR s.state IN ('cancelled', 'discarded'))
-LIMIT %(limit)s;
 
 
 -- name: steps_tx_backend
