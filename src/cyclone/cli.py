@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 from rich.console import Console, RenderableType
 
 from cyclone import monitor, render
+from cyclone.cli_dashboard import dashboard
 from cyclone.cli_options import (
     connection_options,
     json_option,
@@ -479,3 +480,6 @@ def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approv
         raise SystemExit(130) from None
     if status:
         raise SystemExit(status)
+
+
+main.add_command(dashboard)

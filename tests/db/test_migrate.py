@@ -389,6 +389,15 @@ ADDITIONS: dict[int, Addition] = {
             )
         }
     ),
+    7: Addition(
+        indexes={
+            "idx_steps_completed_brin": Index(STEPS, ("completed_at",), partial=False),
+            "idx_runs_created_brin": Index(RUNS, ("created_at",), partial=False),
+            "idx_runs_submit_key_any": Index(
+                RUNS, ("submit_key",), pred_has=("submit_key IS NOT NULL",)
+            ),
+        }
+    ),
 }
 
 VERSIONS = [1, *ADDITIONS]

@@ -138,6 +138,7 @@ def test_demo_report_is_right_and_submit_once(
     out = run_demo(dsn, tmp_path)
     (run_id,) = etl_runs(db)
     assert f"submitted run {run_id}" in out
+    assert "cyclone dashboard" in out and f"http://127.0.0.1:8484/runs/{run_id}" in out
     check(stored_figures(db, run_id), expected)
     report = (tmp_path / f"run-{run_id}" / "report.md").read_text()
     first = expected["top"][0]

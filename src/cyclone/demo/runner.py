@@ -388,6 +388,12 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
         else:
             submitted = await client.submit(wf, run_input, submit_key=key)
         run = await client.get_run(submitted)
+        console.print(
+            f"see it in the browser: CYCLONE_DSN='{dsn}' cyclone dashboard, then open "
+            f"http://127.0.0.1:8484/runs/{run.id}",
+            markup=False,
+            soft_wrap=True,
+        )
         events: list[str] = []
         if submitted.duplicate and run.terminal:
             console.print(

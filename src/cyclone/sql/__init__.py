@@ -19,6 +19,28 @@ from importlib import resources
 from typing import Generic, LiteralString, TypeVar, get_args, get_type_hints
 
 from cyclone.records import KindStats, QueueStats, Run, Schedule, Step, StepInfo
+from cyclone.sql.dashboard_rows import (
+    ActiveRunsRow,
+    ChildRunRow,
+    CreatedRow,
+    EdgeRow,
+    FailureRow,
+    ItemCountRow,
+    ItemLineRow,
+    KindFinishedRow,
+    KindLineRow,
+    LiveStatesRow,
+    MailboxRow,
+    MinuteRow,
+    RunLineRow,
+    RunPageRow,
+    ScheduleLineRow,
+    StepLineRow,
+    StepValuesRow,
+    UnservedRow,
+    ValueRow,
+    WorkerRow,
+)
 from cyclone.sql.rows import (
     BackendRow,
     ChildDoneRow,
@@ -89,6 +111,7 @@ _FILES = (
     "notify.sql",
     "migrate.sql",
     "monitor.sql",
+    "dashboard.sql",
 )
 
 
@@ -299,6 +322,31 @@ class Queries:
     monitor_kinds: Query[KindStats]
     monitor_steps: Query[StepInfo]
     monitor_run_deps: Query[DepRow]
+    # dashboard.sql
+    dashboard_queue_stats: Query[QueueStats]
+    dashboard_active_runs: Query[ActiveRunsRow]
+    dashboard_throughput: Query[MinuteRow]
+    dashboard_statement_timeout: Query[None]
+    dashboard_now: Query[NowRow]
+    dashboard_unserved_kinds: Query[UnservedRow]
+    dashboard_recent_failures: Query[FailureRow]
+    dashboard_runs: Query[RunLineRow]
+    dashboard_runs_between: Query[RunLineRow]
+    dashboard_run_created: Query[CreatedRow]
+    dashboard_run: Query[RunPageRow]
+    dashboard_run_steps: Query[StepLineRow]
+    dashboard_run_items: Query[ItemCountRow]
+    dashboard_run_deps: Query[EdgeRow]
+    dashboard_run_children: Query[ChildRunRow]
+    dashboard_run_signals: Query[MailboxRow]
+    dashboard_run_states: Query[LiveStatesRow]
+    dashboard_step: Query[StepValuesRow]
+    dashboard_step_value: Query[ValueRow]
+    dashboard_run_items_page: Query[ItemLineRow]
+    dashboard_kinds: Query[KindLineRow]
+    dashboard_kinds_finished: Query[KindFinishedRow]
+    dashboard_workers: Query[WorkerRow]
+    dashboard_schedules: Query[ScheduleLineRow]
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)
