@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Announce",
-    "AnyConnection",
     "AsyncShellBase",
     "CallsCore",
+    "Conn",
     "EnqueueOne",
     "Joined",
     "Own",
@@ -53,7 +53,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 P = ParamSpec("P")
 
-AnyConnection = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+Conn = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
 """The caller's connection of a ``*_tx`` call: a ``psycopg.AsyncConnection`` for
 ``Client``, a ``psycopg.Connection`` for ``SyncClient`` (checked when it is used)."""
 

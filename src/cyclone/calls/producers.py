@@ -8,8 +8,8 @@ from typing import Any, Unpack
 
 from cyclone.calls.effects import (
     Announce,
-    AnyConnection,
     CallsCore,
+    Conn,
     EnqueueOne,
     Joined,
     Own,
@@ -173,11 +173,7 @@ class ProducerCalls(CallsCore):
 
     @twin
     def enqueue_tx(
-        self,
-        conn: AnyConnection,
-        kind: KindTarget,
-        input: Any = None,
-        **options: Unpack[EnqueueOptions],
+        self, conn: Conn, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]
     ) -> Script[Enqueued]:
         """:meth:`enqueue` inside the caller's transaction on ``conn`` (a
         ``psycopg.AsyncConnection`` for ``Client``, a ``psycopg.Connection`` for
@@ -202,11 +198,7 @@ class ProducerCalls(CallsCore):
 
     @twin
     def enqueue_many_tx(
-        self,
-        conn: AnyConnection,
-        kind: KindTarget,
-        inputs: Sequence[Any],
-        **options: Unpack[ManyOptions],
+        self, conn: Conn, kind: KindTarget, inputs: Sequence[Any], **options: Unpack[ManyOptions]
     ) -> Script[list[Enqueued]]:
         """:meth:`enqueue_many` inside the caller's transaction on ``conn`` (see
         :meth:`enqueue_tx`).
@@ -224,11 +216,7 @@ class ProducerCalls(CallsCore):
 
     @twin
     def submit_tx(
-        self,
-        conn: AnyConnection,
-        workflow: Workflow,
-        input: Any = None,
-        **options: Unpack[SubmitOptions],
+        self, conn: Conn, workflow: Workflow, input: Any = None, **options: Unpack[SubmitOptions]
     ) -> Script[Submitted]:
         """:meth:`submit` inside the caller's transaction on ``conn`` (see
         :meth:`enqueue_tx`).
@@ -246,7 +234,7 @@ class ProducerCalls(CallsCore):
         self.config.track(conn, request.workflow.queues)
         return result
 
-    def track_wakeups(self, conn: AnyConnection) -> WakeupTracker:
+    def track_wakeups(self, conn: Conn) -> WakeupTracker:
         """Record the queues of work written by ``*_tx`` calls on ``conn``.
 
         After the caller commits, pass the tracker to :meth:`publish_wakeups` so that

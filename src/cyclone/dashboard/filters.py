@@ -35,6 +35,10 @@ def iso(value: datetime | None) -> str:
     return _utc(value).isoformat(timespec="seconds")
 
 
+_UNITS = ((86400, "d", 3600, "h"), (3600, "h", 60, "min"))
+"""A duration past an hour: its two largest units (seconds in one, in the next)."""
+
+
 def duration(value: float | None) -> str:
     """A duration in seconds, short: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``,
     ``3 d 4 h``; ``-`` for ``None``."""
@@ -45,11 +49,10 @@ def duration(value: float | None) -> str:
     if value < 60:
         return f"{value:.1f} s"
     whole = int(value)
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60} s"
-    if whole < 86400:
-        return f"{whole // 3600} h {whole % 3600 // 60} min"
-    return f"{whole // 86400} d {whole % 86400 // 3600} h"
+    for size, unit, part, part_unit in _UNITS:
+        if whole >= size:
+            return f"{whole // size} {unit} {whole % size // part} {part_unit}"
+    return f"{whole // 60} min {whole % 60} s"
 
 
 def ago(value: float | None) -> str:

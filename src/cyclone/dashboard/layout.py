@@ -16,17 +16,6 @@ from dataclasses import dataclass
 
 __all__ = ["NODE_H", "NODE_W", "Edge", "Layout", "Placed", "layout"]
 
-NODE_W = 168
-"""Width of a node box."""
-NODE_H = 58
-"""Height of a node box."""
-GAP_X = 56
-"""Horizontal space between two columns."""
-GAP_Y = 14
-"""Vertical space between two nodes of a column."""
-PAD = 12
-"""Margin around the drawing."""
-
 
 @dataclass(frozen=True, slots=True)
 class Placed:
@@ -58,6 +47,18 @@ class Layout:
     edges: tuple[Edge, ...]
     width: int
     height: int
+
+
+NODE_W = 168
+"""Width of a node box."""
+NODE_H = 58
+"""Height of a node box."""
+GAP_X = 56
+"""Horizontal space between two columns."""
+GAP_Y = 14
+"""Vertical space between two nodes of a column."""
+PAD = 12
+"""Margin around the drawing."""
 
 
 def _depths(nodes: Sequence[str], parents: dict[str, list[str]]) -> dict[str, int]:

@@ -69,22 +69,22 @@ class RunFilters:
     """The filters of ``/runs`` (each ``None``: any), validated.
 
     Attributes:
+        before: keyset paging: runs with a smaller id.
+        limit: rows on the page, 1 to :data:`MAX_PAGE`.
         state: a run state.
         workflow: a workflow name (or the kind of a job).
         since, until: creation time range, ``since <= created_at < until`` (aware);
             with ``until``, the page is in creation order (``dashboard_runs_between``).
         submit_key: runs with exactly this submit key.
-        before: keyset paging: runs with a smaller id.
-        limit: rows on the page, 1 to :data:`MAX_PAGE`.
     """
 
+    before: int | None = None
+    limit: int = 50
     state: str | None = None
     workflow: str | None = None
     since: datetime | None = None
     until: datetime | None = None
     submit_key: str | None = None
-    before: int | None = None
-    limit: int = 50
 
     def __post_init__(self) -> None:
         if self.state is not None and self.state not in {s.value for s in RunState}:

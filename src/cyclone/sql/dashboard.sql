@@ -98,17 +98,23 @@ ORDER BY f.id DESC
 LIMIT %(limit)s;
 
 
+-- fragment: dashboard_run_line
+-- A run as a line of the runs list: its error cut to %(chars)s characters, its duration
+-- so far (seconds).
+SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
+       f.parent_run_id, left(f.error, %(chars)s) AS error,
+       extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
+           AS duration
+FROM cyclone_run_results_v1 f
+
+
 -- name: dashboard_runs
 -- One page of runs, newest first, below %(before_id)s (keyset paging on the primary
 -- key), each filter applied only when given: state (idx_runs_state_id), submit key
 -- (idx_runs_submit_key_any), workflow and a creation time from %(since)s on (read
 -- along the primary key: the newest runs come first). A failed run's error comes cut
 -- to %(chars)s characters.
-SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
-       f.parent_run_id, left(f.error, %(chars)s) AS error,
-       extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
-           AS duration
-FROM cyclone_run_results_v1 f
+-- use: dashboard_run_line
 WHERE (%(state)s::text IS NULL OR f.state = %(state)s::text)
   AND (%(workflow)s::text IS NULL OR f.workflow = %(workflow)s::text)
   AND (%(submit_key)s::text IS NULL OR f.submit_key = %(submit_key)s::text)
@@ -124,11 +130,7 @@ LIMIT %(limit)s;
 -- and the planner cannot know how closely, so it would walk the key down from the
 -- newest run). The next page starts below the creation time and id of run
 -- %(before_id)s.
-SELECT f.id, f.workflow, f.state, f.created_at, f.finished_at, f.submit_key,
-       f.parent_run_id, left(f.error, %(chars)s) AS error,
-       extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
-           AS duration
-FROM cyclone_run_results_v1 f
+-- use: dashboard_run_line
 WHERE f.created_at < %(until)s::timestamptz
   AND f.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
   AND (%(before_id)s::bigint IS NULL
@@ -147,9 +149,9 @@ SELECT r.created_at FROM cyclone_runs r WHERE r.id = %(run_id)s;
 
 -- name: dashboard_run
 -- One run with its error (cut to %(chars)s characters) and its duration so far.
-SELECT f.id, f.workflow, f.state, f.def_version, f.created_at, f.updated_at,
-       f.finished_at, f.deadline_at, f.paused_at, f.submit_key, f.parent_run_id,
-       f.parent_node_id, left(f.error, %(chars)s) AS error,
+SELECT f.id, f.workflow, f.state, f.def_version, f.submit_key, f.parent_run_id,
+       f.parent_node_id, f.created_at, f.updated_at, f.finished_at, f.deadline_at,
+       f.paused_at, left(f.error, %(chars)s) AS error,
        extract(epoch FROM coalesce(f.finished_at, now()) - f.created_at)::float8
            AS duration,
        now() AS db_now
@@ -162,9 +164,9 @@ WHERE f.id = %(run_id)s;
 -- (cyclone_steps_run_node_key). Errors come cut to %(chars)s characters; a wait's due
 -- time is its scheduled_at (a timer's end, a signal wait's timeout).
 SELECT s.id, s.node, s.kind, s.state, s.queue, s.attempt, s.max_attempts, s.reclaims,
-       s.lease_owner, s.lease_expiry, s.heartbeat_at, s.scheduled_at, s.created_at,
-       s.started_at, s.completed_at,
+       s.created_at, s.scheduled_at, s.started_at, s.completed_at,
        extract(epoch FROM s.completed_at - s.started_at)::float8 AS duration,
+       s.lease_owner, s.lease_expiry, s.heartbeat_at,
        left(s.error, %(chars)s) AS error, s.error_kind,
        s.signal_name, s.signal_names, s.wait_count,
        extract(epoch FROM s.wait_for)::float8 AS wait_for,
@@ -232,9 +234,9 @@ WHERE r.id = %(run_id)s;
 -- characters, and each value's full length. The input shown is the one steps_list
 -- shows: the constant or the run input; for a data edge the upstream output once it
 -- exists; for a fan-in nothing (assembled at claim).
-SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.attempt, s.max_attempts,
-       s.reclaims, s.lease_owner, s.lease_expiry, s.started_at, s.completed_at,
-       s.error_kind, s.item_of, s.item_index,
+SELECT s.id, s.run_id, s.node, s.item_of, s.item_index, s.kind, s.queue, s.state,
+       s.attempt, s.max_attempts, s.reclaims, s.error_kind, s.lease_owner, s.lease_expiry,
+       s.started_at, s.completed_at,
        left(v.input, %(chars)s) AS input, length(v.input) AS input_chars,
        left(v.output, %(chars)s) AS output, length(v.output) AS output_chars,
        left(s.error, %(chars)s) AS error, length(s.error) AS error_chars,
@@ -243,14 +245,9 @@ SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.attempt, s.max_attemp
 FROM cyclone_steps s
 JOIN cyclone_runs r ON r.id = s.run_id
 CROSS JOIN LATERAL (
-    SELECT jsonb_pretty(CASE
-               WHEN s.input_from IS NOT NULL THEN (
-                   SELECT u.output FROM cyclone_steps u
-                   WHERE u.run_id = s.run_id AND u.node = s.input_from)
-               WHEN EXISTS (
-                   SELECT 1 FROM cyclone_step_inputs i
-                   WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
-               ELSE coalesce(s.input, r.input) END) AS input,
+    SELECT jsonb_pretty(
+               -- use: step_input_shown
+           ) AS input,
            jsonb_pretty(s.output) AS output
 ) v
 WHERE s.run_id = %(run_id)s
@@ -261,14 +258,9 @@ WHERE s.run_id = %(run_id)s
 -- One value of one step in full: %(field)s is input, output, error or panic_stack
 -- (JSON values pretty printed). NULL when the step or the value does not exist.
 SELECT CASE %(field)s::text
-           WHEN 'input' THEN jsonb_pretty(CASE
-               WHEN s.input_from IS NOT NULL THEN (
-                   SELECT u.output FROM cyclone_steps u
-                   WHERE u.run_id = s.run_id AND u.node = s.input_from)
-               WHEN EXISTS (
-                   SELECT 1 FROM cyclone_step_inputs i
-                   WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
-               ELSE coalesce(s.input, r.input) END)
+           WHEN 'input' THEN jsonb_pretty(
+               -- use: step_input_shown
+           )
            WHEN 'output' THEN jsonb_pretty(s.output)
            WHEN 'error' THEN s.error
            WHEN 'panic_stack' THEN s.panic_stack
@@ -349,9 +341,9 @@ ORDER BY s.lease_owner;
 
 -- name: dashboard_schedules
 -- Every schedule with the state of its last run (the primary key of cyclone_runs).
-SELECT c.id, c.kind AS target, c.cron_spec AS cron, c.location, c.next_run_at,
-       c.enabled, c.last_run_id, c.last_error, c.consecutive_failures, c.queue,
-       lr.state AS last_run_state, lr.created_at AS last_run_at
+SELECT c.id, c.kind AS target, c.queue, c.enabled, c.cron_spec AS cron, c.location,
+       c.next_run_at, c.last_run_id, lr.state AS last_run_state,
+       lr.created_at AS last_run_at, c.last_error, c.consecutive_failures
 FROM cyclone_schedules c
 LEFT JOIN cyclone_runs lr ON lr.id = c.last_run_id
 ORDER BY c.id

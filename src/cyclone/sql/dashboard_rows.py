@@ -93,14 +93,14 @@ class RunPageRow(NamedTuple):
     workflow: str
     state: str
     def_version: str
+    submit_key: str | None
+    parent_run_id: int | None
+    parent_node_id: str | None
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
     deadline_at: datetime | None
     paused_at: datetime | None
-    submit_key: str | None
-    parent_run_id: int | None
-    parent_node_id: str | None
     error: str | None
     duration: float | None
     db_now: datetime
@@ -117,14 +117,14 @@ class StepLineRow(NamedTuple):
     attempt: int
     max_attempts: int
     reclaims: int
-    lease_owner: str | None
-    lease_expiry: datetime | None
-    heartbeat_at: datetime | None
-    scheduled_at: datetime
     created_at: datetime
+    scheduled_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
     duration: float | None
+    lease_owner: str | None
+    lease_expiry: datetime | None
+    heartbeat_at: datetime | None
     error: str | None
     error_kind: str | None
     signal_name: str | None
@@ -182,19 +182,19 @@ class StepValuesRow(NamedTuple):
     id: int
     run_id: int
     node: str
+    item_of: str | None
+    item_index: int | None
     kind: str
-    state: str
     queue: str
+    state: str
     attempt: int
     max_attempts: int
     reclaims: int
+    error_kind: str | None
     lease_owner: str | None
     lease_expiry: datetime | None
     started_at: datetime | None
     completed_at: datetime | None
-    error_kind: str | None
-    item_of: str | None
-    item_index: int | None
     input: str | None
     input_chars: int | None
     output: str | None
@@ -260,16 +260,16 @@ class ScheduleLineRow(NamedTuple):
 
     id: str
     target: str
+    queue: str
+    enabled: bool
     cron: str
     location: str
     next_run_at: datetime
-    enabled: bool
     last_run_id: int | None
-    last_error: str | None
-    consecutive_failures: int
-    queue: str
     last_run_state: str | None
     last_run_at: datetime | None
+    last_error: str | None
+    consecutive_failures: int
 
 
 def as_dict(row: Any) -> dict[str, Any]:

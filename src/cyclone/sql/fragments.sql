@@ -30,3 +30,17 @@ UPDATE cyclone_runs r
 SET state = 'completed',
     finished_at = statement_timestamp(),
     updated_at = statement_timestamp()
+
+
+-- fragment: step_input_shown
+-- The input a step s of run r shows (jsonb): the constant or the run input; for a data
+-- edge the upstream output once it exists; for a fan-in (cyclone_step_inputs) nothing,
+-- as it is assembled when the step is claimed.
+CASE
+    WHEN s.input_from IS NOT NULL THEN (
+        SELECT u.output FROM cyclone_steps u
+        WHERE u.run_id = s.run_id AND u.node = s.input_from)
+    WHEN EXISTS (
+        SELECT 1 FROM cyclone_step_inputs i
+        WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
+    ELSE coalesce(s.input, r.input) END

@@ -395,14 +395,8 @@ RETURNING id;
 -- input shown is the constant or the run input; for a data edge the upstream output
 -- once it exists; for a fan-in (cyclone_step_inputs) nothing.
 SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
-       CASE
-           WHEN s.input_from IS NOT NULL THEN (
-               SELECT u.output FROM cyclone_steps u
-               WHERE u.run_id = s.run_id AND u.node = s.input_from)
-           WHEN EXISTS (
-               SELECT 1 FROM cyclone_step_inputs i
-               WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
-           ELSE coalesce(s.input, r.input) END AS input,
+       -- use: step_input_shown
+           AS input,
        s.output, s.attempt, s.max_attempts,
        s.error, s.error_kind, s.panic_stack, s.reclaims, s.lease_owner, s.lease_expiry,
        s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
