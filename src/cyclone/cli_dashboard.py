@@ -51,7 +51,8 @@ def dashboard(
         from cyclone.dashboard.security import is_loopback
     except ImportError as exc:
         raise click.ClickException(
-            f"the dashboard needs its extra: pip install 'cyclone[dashboard]' ({exc})"
+            "the dashboard needs its extra: pip install -e '.[dashboard]' in a checkout of "
+            f"Cyclone ({exc})"
         ) from None
     if not is_loopback(host) and not token:
         raise click.UsageError(

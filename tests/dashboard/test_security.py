@@ -187,3 +187,11 @@ async def test_an_unreachable_database_is_a_503_page(dsn: str) -> None:
             assert api.status_code == 503 and "cyclone_no_such_database" in api.json()["error"]
     finally:
         await app.state.backend.aclose()
+
+
+async def test_without_a_token_the_login_page_says_there_is_nothing_to_log_in_to(
+    http: httpx.AsyncClient,
+) -> None:
+    page = await http.get("/login?next=/runs")
+    assert page.status_code == 200
+    assert "nothing to log in to" in page.text and 'name="token"' not in page.text

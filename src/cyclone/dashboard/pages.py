@@ -244,11 +244,19 @@ async def login(request: Request) -> Response:
     security: SecurityConfig = request.app.state.security
     target = safe_next(request.query_params.get("next"), root(request))
     if request.method == "GET" or security.token is None:
-        return render(request, "login.html", nav="", target=target, error=None)
+        return render(
+            request, "login.html", nav="", target=target, error=None, open=security.token is None
+        )
     body = await forms.read_form(request)
     if not hmac.compare_digest(body.get("token", "").encode(), security.token.encode()):
         return render(
-            request, "login.html", 401, nav="", target=target, error="That token is not right."
+            request,
+            "login.html",
+            401,
+            nav="",
+            target=target,
+            error="That token is not right.",
+            open=False,
         )
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(
