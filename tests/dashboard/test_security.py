@@ -195,3 +195,63 @@ async def test_without_a_token_the_login_page_says_there_is_nothing_to_log_in_to
     page = await http.get("/login?next=/runs")
     assert page.status_code == 200
     assert "nothing to log in to" in page.text and 'name="token"' not in page.text
+
+
+async def test_a_malformed_cookie_of_another_app_does_not_hide_the_login(
+    guarded: httpx.AsyncClient,
+) -> None:
+    """Another app on the host may set a cookie the strict parser rejects; the login
+    cookie after it still counts."""
+    await guarded.post("/login", data={"token": TOKEN})
+    session = guarded.cookies.get("cyclone_session")
+    assert session
+    guarded.cookies.clear()
+    headers = {"cookie": f"[x]=1; a b=2; cyclone_session={session}"}
+    assert (await guarded.get("/api/runs", headers=headers)).status_code == 200
+
+
+async def test_a_non_ascii_token_works_as_a_bearer_header(dsn: str) -> None:
+    token = "pässwört-ü"
+    app: Starlette = create_app(dsn, token=token)
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            good = {b"authorization": b"Bearer " + token.encode()}
+            assert (await c.get("/api/runs", headers=good)).status_code == 200
+            wrong = {b"authorization": b"Bearer passwort-u"}
+            assert (await c.get("/api/runs", headers=wrong)).status_code == 401
+    finally:
+        await app.state.backend.aclose()
+
+
+def test_only_loopback_addresses_and_localhost_count_as_loopback() -> None:
+    for host in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"):
+        assert is_loopback(host), host
+    for host in ("127.invalid", "127.attacker.example", "0.0.0.0", "10.0.0.1", "::"):
+        assert not is_loopback(host), host
+
+
+async def test_the_guard_s_own_refusals_carry_the_strict_headers(
+    guarded: httpx.AsyncClient,
+) -> None:
+    refused = await guarded.get("/api/runs")
+    assert refused.status_code == 401
+    assert refused.headers["x-frame-options"] == "DENY"
+    assert refused.headers["referrer-policy"] == "same-origin"
+    assert refused.headers["content-security-policy"] == CSP
+
+
+async def test_bad_times_deep_json_and_a_zero_limit_are_refused_with_422(
+    http: httpx.AsyncClient, made: dict[str, int]
+) -> None:
+    for path in ("/runs?until=0001-01-01T00:00:00", "/runs?since=9999-12-31&until=0001-01-01"):
+        assert (await http.get(path)).status_code == 422, path
+    assert (await http.get("/api/runs?limit=0")).status_code == 422
+    deep = '{"name": "x", "payload": ' + "[" * 5000 + "]" * 5000 + "}"
+    run_id = made["waiting"]
+    answer = await http.post(
+        f"/api/runs/{run_id}/signal",
+        content=deep,
+        headers={"content-type": "application/json", "origin": BASE},
+    )
+    assert answer.status_code == 422, answer.text

@@ -74,6 +74,8 @@ def parse_payload(text: str) -> Any:
             f"payload {text[:200]!r} is not JSON: {exc.msg} at character {exc.pos + 1}"
             ' (a JSON string needs its quotes, as in "yes")'
         ) from None
+    except RecursionError:
+        raise ValidationError(f"payload {text[:200]!r} is JSON nested too deep") from None
 
 
 def _check_body(action: str, body: Any) -> Mapping[str, Any]:

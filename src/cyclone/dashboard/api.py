@@ -54,7 +54,7 @@ async def list_runs(request: Request) -> Response:
     found = await backend.reader.api_runs(
         request.query_params.get("state") or None,
         request.query_params.get("workflow") or None,
-        _int(request, "limit", 50) or 50,
+        _int(request, "limit", 50),
         _int(request, "before", None),
     )
     return _json(found)
@@ -104,6 +104,8 @@ async def act(request: Request) -> Response:
         body = json.loads(raw or b"{}")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValidationError(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise ValidationError("the body is JSON nested too deep") from None
     backend = request.app.state.backend
     await backend.open()
     run_id: int = request.path_params["run_id"]

@@ -177,8 +177,11 @@ async def purge(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    """``/logout`` (POST): forget the login cookie."""
-    await read_form(request)
+    """``/logout`` (POST, with the form's CSRF token): forget the login cookie."""
+    form = await read_form(request)
+    security: SecurityConfig = request.app.state.security
+    if not check_csrf(security, request.cookies.get(CSRF_COOKIE), form.get("csrf")):
+        raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page")
     response = RedirectResponse(f"{root(request)}/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path=root(request) or "/")
     return response

@@ -467,4 +467,14 @@ def parse_time(value: str, name: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValidationError(f"{name} must be an ISO 8601 date or time, got {value!r}") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    if not _EARLIEST <= parsed <= _LATEST:
+        raise ValidationError(
+            f"{name} must be between {_EARLIEST.year} and {_LATEST.year}, got {value!r}"
+        )
+    return parsed
+
+
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""The times a filter may name: a window of a year below the earliest stays a date."""

@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from starlette.datastructures import MutableHeaders
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -66,9 +67,16 @@ _PUBLIC = ("/login", "/static/")
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address to bind) is a loopback one."""
+    """Whether ``host`` (a name or address to bind) is a loopback one: ``localhost``, or
+    an address of 127.0.0.0/8 or ``::1`` (a name that merely starts with ``127.`` is
+    not: it may resolve anywhere)."""
     name = host.strip("[]").lower()
-    return name in LOOPBACK_HOSTS or name.startswith("127.")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def host_name(header: str) -> str:
@@ -135,12 +143,9 @@ def safe_next(value: str | None, root: str) -> str:
 
 
 def _cookies(headers: dict[bytes, bytes]) -> dict[str, str]:
-    jar: SimpleCookie = SimpleCookie()
-    try:
-        jar.load(headers.get(b"cookie", b"").decode("latin-1"))
-    except Exception:  # a malformed cookie header: as if none
-        return {}
-    return {name: morsel.value for name, morsel in jar.items()}
+    """The request's cookies, read leniently (as Starlette reads them for the routes):
+    a malformed cookie another site on this host set does not hide the others."""
+    return cookie_parser(headers.get(b"cookie", b"").decode("latin-1"))
 
 
 class Guard:
@@ -221,9 +226,10 @@ class Guard:
     def _authorised(self, headers: dict[bytes, bytes], cookies: dict[str, str]) -> bool:
         token = self.config.token
         assert token is not None
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        if auth.lower().startswith("bearer ") and hmac.compare_digest(
-            auth[7:].strip().encode(), token.encode()
+        auth = headers.get(b"authorization", b"")
+        if auth[:7].lower() == b"bearer " and hmac.compare_digest(
+            auth[7:].strip(),
+            token.encode(),  # the header's bytes, the token in UTF-8
         ):
             return True
         session = cookies.get(SESSION_COOKIE, "")
@@ -255,6 +261,8 @@ async def _respond(
         (b"content-length", str(len(body)).encode()),
         (b"content-security-policy", CSP.encode()),
         (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"same-origin"),
         (b"cache-control", b"no-store"),
     ]
     await send({"type": "http.response.start", "status": status, "headers": base + headers})
