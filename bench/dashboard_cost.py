@@ -6,7 +6,7 @@ repeated (``--repeats``, default 3): ``enqueue_many`` of ``--jobs`` no-op jobs, 
 one worker draining them. It prints, per variant, the median rate of each (which the
 other work of a shared machine moves a lot: the load average is printed beside), and
 what the indexes of runs and steps grew by per job (every index entry a write adds;
-steady, whatever else the machine does). Issue 8's ``python -m bench.jobs`` gives the
+steady, whatever else the machine does). The job benchmark (``python -m bench.jobs``) gives the
 same rates against the raw-PostgreSQL limit; run it on both sides of the migration.
 """
 

@@ -1,6 +1,6 @@
 """Cyclone: durable jobs and static DAG workflows with PostgreSQL as the only dependency.
 
-The public API (python-api.md): kinds (:func:`step`, :func:`action`), the
+The public API: kinds (:func:`step`, :func:`action`), the
 :class:`Client` (asyncio) and :class:`SyncClient`, the handler :class:`Context`, the
 records :class:`Run`, :class:`Step`, :class:`Schedule`, :class:`Enqueued` and
 :class:`Submitted`, the :class:`Workflow` builder, :func:`migrate`, and the exceptions

@@ -1,6 +1,6 @@
 """The ``cyclone`` command (also ``python -m cyclone``).
 
-python-api.md, Command line. Commands read the database from ``--dsn`` or the
+Commands read the database from ``--dsn`` or the
 ``CYCLONE_DSN`` environment variable. Errors print one line and exit non-zero.
 
 ``migrate`` and ``worker`` set up and run; ``runs``, ``run``, ``steps``, ``queues`` and

@@ -1,6 +1,6 @@
 """The completion transaction of a step, and the slots that bound how many are open.
 
-engine-design, ctx.CompletionTx(): a handler's business writes on
+A handler's business writes on
 ``ctx.completion_tx()`` commit in the same transaction as the step's completion, or not
 at all. The transaction opens on first use, on a connection from the client's own
 handler pool (async for ``async def`` handlers, sync for plain ``def`` handlers), after

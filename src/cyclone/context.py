@@ -1,6 +1,6 @@
 """The ``Context`` a handler receives with its input.
 
-python-api.md, Handlers: the ids of the step being run, its attempt, the completion
+The ids of the step being run, its attempt, the completion
 transaction, ``enqueue_completion``, and ``cancelled``, which turns true when a
 heartbeat finds that the worker no longer holds the step (it was reclaimed, cancelled,
 or passed its timeout). For an ``async def`` handler the worker also cancels the

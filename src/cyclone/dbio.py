@@ -99,10 +99,6 @@ class Results:
                 return rows
         raise KeyError(f"no {query.name} in this batch")
 
-    def has(self, query: Query[Any]) -> bool:
-        """Whether the batch has a statement of ``query``."""
-        return any(stmt.query.name == query.name for stmt in self._stmts)
-
     def typed(self, row: type[R]) -> list[R]:
         """The rows of every statement of the batch whose rows are ``row``, in order."""
         return [

@@ -1,6 +1,6 @@
 """Every exception Cyclone raises, under one root.
 
-Grouped by role (``python-api.md``, Errors):
+Grouped by role:
 
 * bad input or configuration: :class:`ValidationError`, :class:`WorkflowError`,
   :class:`PoolTooSmallError` (all :class:`ConfigurationError` or ``ValueError``);
@@ -60,7 +60,7 @@ class ConfigurationError(CycloneError):
 
 
 class PoolTooSmallError(ConfigurationError):
-    """The connection budget is below ``tx_slots + 6`` (engine-design, Pool Budget)."""
+    """The connection budget is below ``tx_slots + 6`` (the engine's own six connections)."""
 
     __module__ = "cyclone"
 

@@ -1,6 +1,6 @@
 """Kinds: the ``@cyclone.step`` and ``@cyclone.action`` decorators.
 
-A kind is a named handler (python-api.md, Handlers). A *step* has an output, stored as
+A kind is a named handler. A *step* has an output, stored as
 JSON; an *action* has none. The handler is a plain ``def`` (run in a worker thread) or
 an ``async def``, called as ``handler(ctx, inp)``; raising an exception fails the
 attempt, raising :class:`cyclone.Discard` (or a class listed in ``no_retry``) discards

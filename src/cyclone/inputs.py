@@ -1,6 +1,6 @@
 """Output Resolution: a workflow step's input, from upstream outputs, through an LRU cache.
 
-engine-design, Output Resolution; decisions.md, Data flow in a DAG. When a worker claims
+docs/decisions.md, Data flow in a DAG. When a worker claims
 a step with a data edge, it reads the upstream outputs by ``(run_id, node)``: first from
 this client's :class:`OutputCache` (at most 10,000 entries and 64 MiB of JSON text; an
 output larger than the budget is never cached), then from the database in one query per

@@ -1,6 +1,6 @@
 """Wakeups: publishing NOTIFY, and the one LISTEN connection per client.
 
-engine-design, LISTEN/NOTIFY and the Polling Floor. Two channels:
+Two channels:
 
 * ``cyclone_available``, payload ``{"queue": "<name>"}``: work became claimable in a
   queue. Each worker wakes only for the queues it serves.

@@ -1,7 +1,7 @@
 """Validation of the scalar options of kinds, jobs and clients.
 
 Every check raises :class:`cyclone.ValidationError` naming the bad value, before any
-statement runs (python-api.md, Errors). Durations accept ``timedelta`` or seconds as a
+statement runs. Durations accept ``timedelta`` or seconds as a
 number (decisions.md, Jobs); datetimes must be timezone-aware.
 """
 

@@ -1,6 +1,6 @@
 """JSON values in and out of the database: validation, encoding and handler codecs.
 
-Inputs and outputs are JSON values (python-api.md, Handlers). Before anything is
+Inputs and outputs are JSON values. Before anything is
 written, :func:`encode_json` proves a value is JSON that PostgreSQL's ``jsonb`` accepts:
 no NaN or infinity, no string holding NUL (``\\u0000``), string keys only. A handler
 whose input parameter or return value is annotated with a dataclass or a pydantic model

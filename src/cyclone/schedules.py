@@ -1,7 +1,6 @@
 """Cron schedules: parsing, time zones, the pure next-slot function, fire plans.
 
-schema-reference, ``cyclone_schedules`` and ``cyclone_schedule_fires``; decisions.md,
-Schedules and retention. No I/O: the client validates a schedule with
+docs/decisions.md, Schedules and retention. No I/O: the client validates a schedule with
 :class:`ScheduleSpec` before it writes anything and runs the plans here (generators
 that yield statements) on its connections; the schedule scanner asks :func:`fire_plan`
 which slot to fire and where ``next_run_at`` goes next.

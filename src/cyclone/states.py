@@ -1,11 +1,9 @@
 """Run and step states, and every legal move between them.
 
-The values are the strings stored in ``cyclone_runs.state`` and ``cyclone_steps.state``
-(schema-reference, cyclone_runs and cyclone_steps). :data:`STEP_TRANSITIONS` lists each
-move the engine makes and which part of the engine makes it; every move is a
-CAS-guarded ``UPDATE`` in ``cyclone/sql``. The property-based state-machine test checks
-the database against this table.
-"""
+The values are the strings stored in ``cyclone_runs.state`` and ``cyclone_steps.state``.
+:data:`STEP_TRANSITIONS` lists each move the engine makes and which part of the engine
+makes it; every move is a CAS-guarded ``UPDATE`` in ``cyclone/sql``. The property-based
+state-machine test checks the database against this table."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``SyncClient``: the producer and inspection calls of ``Client``, synchronous.
 
-The same method names and arguments as :class:`cyclone.Client` (python-api.md, Client),
+The same method names and arguments as :class:`cyclone.Client`,
 for code without an event loop: web handlers, scripts, tests. It runs no workers (use
 ``Client`` or ``cyclone worker``). Wakeups are published right after each commit, in
 their own transaction.

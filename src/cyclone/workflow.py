@@ -1,6 +1,6 @@
 """Static DAG workflows: the builder (its checks and fingerprint: :mod:`cyclone.dag`).
 
-python-api.md, Workflows; engine-design, Why Static DAGs. A :class:`Workflow` is plain
+A :class:`Workflow` is plain
 data: nodes (each a kind with options), control edges (``after=``), data edges
 (``input_from=``, ``inputs=``) and a result node. Pure code, no I/O: submit turns a
 validated workflow into the rows of one transaction (:mod:`cyclone.submit`).

@@ -1,13 +1,12 @@
 """Retention: delete terminal runs past their retention, in bounded batches.
 
-schema-reference, the retention columns and Lifecycle notes; decisions.md, Schedules
-and retention. Each step row stores its effective retention at insert (the step's
-option, else the kind's, else the client default), so every purger deletes the same
-runs: a run goes once every one of its steps has outlived its retention since the run
-finished (a step with no retention keeps its run forever). Deleting a run cascades to
-its steps, deps, input bindings, signals and schedule fires; a schedule's
-``last_run_id`` becomes NULL. A terminal child run stays while its parent run is
-running or paused; a non-terminal run is never touched.
+docs/decisions.md, Schedules and retention. Each step row stores its effective retention
+at insert (the step's option, else the kind's, else the client default), so every purger
+deletes the same runs: a run goes once every one of its steps has outlived its retention
+since the run finished (a step with no retention keeps its run forever). Deleting a run
+cascades to its steps, deps, input bindings, signals and schedule fires; a schedule's
+``last_run_id`` becomes NULL. A terminal child run stays while its parent run is running
+or paused; a non-terminal run is never touched.
 
 Every started client purges every ``purge_interval`` seconds; ``Client.purge()`` and
 ``cyclone purge`` purge on demand.

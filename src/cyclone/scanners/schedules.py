@@ -1,8 +1,6 @@
 """The schedule scanner: fires the due slots of cron schedules, each exactly once.
 
-postgres-architecture, Locks Used and Transaction Boundaries ("Schedule fire");
-schema-reference, ``cyclone_schedules`` and ``cyclone_schedule_fires``; decisions.md,
-Schedules and retention. Every started client runs one. A pass:
+docs/decisions.md, Schedules and retention. Every started client runs one. A pass:
 
 1. claims due schedules with ``FOR UPDATE SKIP LOCKED`` and takes a scanner lease on
    each (``schedules_claim``, idx_schedules_due), so scanners of any number of clients

@@ -1,6 +1,6 @@
 """The recovery sweep: give back steps whose worker is gone or whose timeout passed.
 
-engine-design, Leases and Heartbeats. A running step whose ``lease_expiry`` has passed
+A running step whose ``lease_expiry`` has passed
 (its worker crashed or lost the database) or whose ``started_at + timeout`` has passed
 (even while heartbeats still run) goes back to ``available`` with ``reclaims + 1``, the
 lease cleared and ``attempt`` and ``scheduled_at`` unchanged: a reclaim is not an

@@ -1,4 +1,4 @@
--- Statements of the wakeup channels (engine-design, LISTEN/NOTIFY and the Polling Floor).
+-- Statements of the wakeup channels (LISTEN/NOTIFY; polling is the floor).
 -- Channels: cyclone_available (payload {"queue": ...}) and cyclone_run_done (payload
 -- {"runs": [...]}). Always sent in their own transaction, after the work they announce
 -- has committed, and never in the message of its COMMIT: a NOTIFY that fails must not

@@ -65,7 +65,7 @@ FROM cyclone_step_inputs i
 
 
 -- name: steps_claim
--- engine-design, The Claiming Algorithm: lock up to %(limit)s due, available steps of
+-- The claim: lock up to %(limit)s due, available steps of
 -- one queue and of the kinds this worker registers, highest priority first, then
 -- earliest scheduled_at; skip rows other workers hold; move them to running under a
 -- lease the database clock computes from the TTL. A step enqueued without a timeout
