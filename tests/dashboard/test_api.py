@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 import httpx
+import pytest
 from starlette.applications import Starlette
 
 import cyclone
@@ -34,6 +35,7 @@ def cli_json(dsn: str, *args: str) -> Any:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow  # runs the cyclone command in a process
 async def test_reads_answer_in_the_cli_shapes(
     http: httpx.AsyncClient, dsn: str, made: dict[str, int]
 ) -> None:

@@ -117,6 +117,7 @@ def test_helpers() -> None:
     assert safe_next("https://evil.example", "/dash") == "/dash/"
 
 
+@pytest.mark.slow  # runs the cyclone command in a process
 def test_binding_off_loopback_needs_a_token(dsn: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "CYCLONE_DASHBOARD_TOKEN"}
     out = subprocess.run(
@@ -141,6 +142,7 @@ def test_importing_cyclone_never_imports_starlette() -> None:
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # runs the cyclone command in a process
 def test_the_command_serves_the_dashboard(dsn: str) -> None:
     from tests.dashboard.live import free_port
     from tests.helpers import poll_until

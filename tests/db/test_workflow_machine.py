@@ -337,11 +337,16 @@ def env(dsn: str) -> Iterator[Env]:
                 conn.close()
 
 
-def test_workflow_state_machine(env: Env) -> None:
-    """No interleaving of the run graph's moves breaks the table or the graph."""
+@pytest.mark.parametrize(
+    "examples",
+    [pytest.param(15, id="quick"), pytest.param(40, id="full", marks=pytest.mark.slow)],
+)
+def test_workflow_state_machine(env: Env, examples: int) -> None:
+    """No interleaving of the run graph's moves breaks the table or the graph (a quick
+    search in the fast tier, the full one in the full suite)."""
 
     class BoundMachine(WorkflowMachine):
         def __init__(self) -> None:
             super().__init__(env)
 
-    run_state_machine_as_test(BoundMachine, settings=SETTINGS)
+    run_state_machine_as_test(BoundMachine, settings=settings(SETTINGS, max_examples=examples))

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import psycopg
+import pytest
 
 import cyclone
 from cyclone import RunState, StepState
@@ -60,6 +61,7 @@ async def test_heartbeats_renew_the_lease_for_a_long_handler(
     assert step == (0, 0, 1)
 
 
+@pytest.mark.slow  # waits for real heartbeat ticks
 async def test_one_heartbeat_statement_a_tick_renews_every_held_lease(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
