@@ -50,6 +50,7 @@ from cyclone.errors import (
 from cyclone.handlers import Handler
 from cyclone.migrate import check_schema_async, migrate_async
 from cyclone.notify import Listener, ListenerHooks, Publisher
+from cyclone.observability.hooks import Observers
 from cyclone.options import DAY, HOUR, Duration, check_int, seconds
 from cyclone.scanners.purge import Purger
 from cyclone.scanners.schedules import ScheduleScanner
@@ -222,6 +223,9 @@ class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
         """Connections this client may open."""
         self._pool_sizes = (0, 0)
         self._size(queues)
+        self.observers = Observers()
+        """What this client's engine reports its steps to (metrics are one
+        :class:`cyclone.observability.Observer`; add them before :meth:`start`)."""
 
         self._engine_pool = self._new_pool()
         self._publisher: Publisher | None = None
@@ -357,6 +361,7 @@ class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
             connections=self.settings,
             pool=self._engine_pool,
             announcer=self._announcer,
+            observers=self.observers,
         )
         await self._engine.start(listen=self._ensure_listener)
 

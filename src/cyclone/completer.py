@@ -22,6 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Results, Stmt, batch_async
 from cyclone.graph import parse_advanced
+from cyclone.observability.logs import StepLog, step_log
+from cyclone.observability.tracing import engine_span
 from cyclone.retry import WRITE_RETRIES, error_backoff
 from cyclone.transitions import (
     Claimed,
@@ -105,8 +107,9 @@ class Completer:
         stmts = complete_stmts([(step, output) for step, output, _ in batch])
         for attempt in range(WRITE_RETRIES):
             try:
-                async with self._pool.connection() as conn:
-                    results = await batch_async(conn, stmts, transaction=True)
+                with engine_span("cyclone.complete_batch", {"cyclone.steps": len(batch)}):
+                    async with self._pool.connection() as conn:
+                        results = await batch_async(conn, stmts, transaction=True)
                 break
             except psycopg.OperationalError as exc:  # the connection or the server
                 if attempt == WRITE_RETRIES - 1:
@@ -135,34 +138,40 @@ class Completer:
             if not future.done():
                 future.set_result((step.id in advanced.done, step.run_id in advanced.finished))
 
-    async def fail(self, step: Claimed, failure: Failure) -> None:
+    async def fail(self, step: Claimed, failure: Failure, slog: StepLog | None = None) -> bool:
         """Record a failed execution of ``step``: a retry with backoff (one CAS), or a
         discard that resolves the run (one transaction); announce, after the commit,
         the runs it ended. Written with retries; given up (the sweep recovers the
-        step) when the database stays out of reach."""
+        step) when the database stays out of reach. ``slog``: the step's logger.
+
+        Returns:
+            True if the failure was recorded; False if it was stale (the lease was lost
+            before it) or could not be written.
+        """
+        slog = slog or step_log(log, step)
         stmts, transaction = failure_stmts(step, failure)
         results = await self._write(stmts, transaction=transaction)
         if results is None:
-            return
+            return False
         # child runs runs_cancel_children ended (a discard of a run with child nodes)
         ended = set(parse_advanced(results).finished)
-        if not failure_applied(failure, results):
-            log.info("step %d (%s): stale failure ignored", step.id, step.kind)
+        applied = failure_applied(failure, results)
+        if not applied:
+            slog.info("stale failure ignored")
         elif failure.discard:
-            log.warning("step %d (%s) discarded: %s", step.id, step.kind, failure.error)
+            slog.warning("discarded: %s", failure.error)
             ended.add(step.run_id)
         else:
             # Nothing announces the end of a backoff: wake this queue then ourselves.
             asyncio.get_running_loop().call_later(failure.delay, self._wake, step.queue)
-            log.info(
-                "step %d (%s) failed attempt %d, retry in %.1f s: %s",
-                step.id,
-                step.kind,
+            slog.info(
+                "failed attempt %d, retry in %.1f s: %s",
                 step.attempt + 1,
                 failure.delay,
                 failure.error,
             )
         self._announcer.announce(NO_WAKEUPS, ended)
+        return applied
 
     async def _write(self, stmts: list[Stmt[Any]], *, transaction: bool) -> Results | None:
         """Run engine statements with retries; ``None`` if they could not be written."""

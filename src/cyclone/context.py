@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
 from cyclone.errors import LeaseLost
+from cyclone.observability.tracing import producer_span
 from cyclone.producer import EnqueueOptions, EnqueueRequest, KindTarget, enqueue_plan
 from cyclone.records import Enqueued, Submitted
 from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
@@ -43,6 +44,10 @@ class Context:
         attempt: failed executions before this one (0 on the first try).
         max_attempts: executions allowed before the step is discarded.
         lease_generation: the claim's fencing token.
+        trace_context: the W3C ``traceparent`` stored with the run (the trace context
+            current when it was enqueued or submitted, or of its parent run or schedule
+            fire), or ``None`` when none was; the step's own span, when tracing is on,
+            is a child of it and current while the handler runs.
     """
 
     __module__ = "cyclone"
@@ -61,6 +66,7 @@ class Context:
         "queue",
         "run_id",
         "step_id",
+        "trace_context",
         "workflow",
     )
 
@@ -77,6 +83,7 @@ class Context:
         self.kind, self.workflow, self.queue = step.kind, step.workflow, step.queue
         self.attempt, self.max_attempts = step.attempt, step.max_attempts
         self.lease_generation = step.generation
+        self.trace_context = step.traceparent
         self._is_async, self._tx = is_async, tx
         self._build_request, self._build_submit = build_request, build_submit
         self._cancelled = False
@@ -126,14 +133,20 @@ class Context:
         request = self._build_request(kind, input, **options)
         if self._is_async:
             return self._enqueue_async(request)
-        result = run_plan_sync(self._tx.open_sync(), enqueue_plan(request))
+        with producer_span(f"cyclone.enqueue {request.kind}", _job(request)) as span:
+            result = run_plan_sync(
+                self._tx.open_sync(), enqueue_plan(request.traced(span.traceparent))
+            )
+            span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
             self._wakeups.add(request.queue)
         return result
 
     async def _enqueue_async(self, request: EnqueueRequest) -> Enqueued:
-        conn = await self._tx.open_async()
-        result = await run_plan_async(conn, enqueue_plan(request))
+        with producer_span(f"cyclone.enqueue {request.kind}", _job(request)) as span:
+            conn = await self._tx.open_async()
+            result = await run_plan_async(conn, enqueue_plan(request.traced(span.traceparent)))
+            span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
             self._wakeups.add(request.queue)
         return result
@@ -156,14 +169,30 @@ class Context:
         self._wakeups.update(request.workflow.queues)
         if self._is_async:
             return self._submit_async(request)
-        return run_plan_sync(self._tx.open_sync(), submit_plan(request))
+        with producer_span(f"cyclone.submit {request.workflow.name}", _run(request)) as span:
+            result = run_plan_sync(
+                self._tx.open_sync(), submit_plan(request.traced(span.traceparent))
+            )
+            span.set("cyclone.run_id", result.run_id)
+        return result
 
     async def _submit_async(self, request: SubmitRequest) -> Submitted:
-        conn = await self._tx.open_async()
-        return await run_plan_async(conn, submit_plan(request))
+        with producer_span(f"cyclone.submit {request.workflow.name}", _run(request)) as span:
+            conn = await self._tx.open_async()
+            result = await run_plan_async(conn, submit_plan(request.traced(span.traceparent)))
+            span.set("cyclone.run_id", result.run_id)
+        return result
 
     def __repr__(self) -> str:
         return (
             f"<cyclone.Context run={self.run_id} step={self.step_id} node={self.node!r} "
             f"attempt={self.attempt}>"
         )
+
+
+def _job(request: EnqueueRequest) -> dict[str, Any]:
+    return {"cyclone.kind": request.kind, "cyclone.queue": request.queue}
+
+
+def _run(request: SubmitRequest) -> dict[str, Any]:
+    return {"cyclone.workflow": request.workflow.name}

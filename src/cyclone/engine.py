@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from cyclone.completion import TxSlots
 from cyclone.config import ClientConfig
 from cyclone.connections import ConnectionSettings
+from cyclone.observability.hooks import Observers
 from cyclone.scanners.purge import Purger
 from cyclone.scanners.schedules import ScheduleScanner
 from cyclone.scanners.sweep import Sweeper
@@ -88,8 +89,10 @@ class Engine:
         connections: ConnectionSettings,
         pool: AsyncConnectionPool[Any],
         announcer: Announcer,
+        observers: Observers | None = None,
     ) -> None:
         self.settings = settings
+        self._observers = observers if observers is not None else Observers()
         self._config = config
         self._connections = connections
         self._pool = pool
@@ -148,6 +151,7 @@ class Engine:
             build_submit=config.submit_request,
             workflows=config.workflows,
             parents=config.parents,
+            observers=self._observers,
         )
         self.worker = worker
         self._announcer.local = worker.wake
@@ -189,7 +193,11 @@ class Engine:
         settings, pool, announcer = self.settings, self._pool, self._announcer
         definitions = self._config.definitions
         self.sweeper = Sweeper(
-            pool, announcer, interval=settings.sweep_interval, max_reclaims=settings.max_reclaims
+            pool,
+            announcer,
+            interval=settings.sweep_interval,
+            max_reclaims=settings.max_reclaims,
+            observers=self._observers,
         )
         interval = settings.worker.poll_interval
         self._spawn(self.sweeper.run(), "cyclone-sweep")

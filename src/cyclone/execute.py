@@ -12,8 +12,10 @@ The worker records the outcome (:mod:`cyclone.worker`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from cyclone.completion import CompletionTx
@@ -22,6 +24,9 @@ from cyclone.dbio import batch_sync
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
+from cyclone.observability.hooks import Outcome
+from cyclone.observability.logs import StepLog
+from cyclone.observability.tracing import StepSpan
 from cyclone.payloads import encode_json
 from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
 
@@ -32,10 +37,23 @@ log = logging.getLogger("cyclone.worker")
 
 @dataclass(slots=True, eq=False)
 class Held:
-    """A step this worker holds, from claim until its outcome is written."""
+    """A step this worker holds, from claim until its outcome is written.
+
+    ``span`` is the attempt's trace span (``None`` when tracing is off), ``log`` the
+    logger of lines about the step; ``outcome``, once known, how the attempt ended;
+    ``duration`` the seconds its handler ran; ``error`` the exception it raised and
+    ``failure`` the error recorded for it.
+    """
 
     step: Claimed
     ctx: Context
+    log: StepLog
+    span: StepSpan | None = None
+    outcome: Outcome | None = None
+    duration: float | None = None
+    error: BaseException | None = None
+    failure: str | None = None
+    started: float = field(default=0.0)
     task: asyncio.Task[None] | None = None
     in_handler: bool = False
     completing: bool = False  # the handler returned; its outcome is being written
@@ -48,6 +66,28 @@ class Held:
         """The step is no longer this worker's: its lease was lost, or it was given
         back at shutdown."""
         return self.lost or self.released
+
+    @property
+    def gone_as(self) -> Outcome:
+        """The outcome of an attempt whose step is no longer held."""
+        return "released" if self.released else "lost"
+
+    def handler_started(self) -> None:
+        """The handler starts now (its duration is measured from here)."""
+        self.in_handler = True
+        self.started = time.perf_counter()
+
+    def handler_returned(self, error: BaseException | None = None) -> None:
+        """The handler returned (or raised ``error``): its duration is known."""
+        self.in_handler = False
+        self.completing = True
+        self.duration = time.perf_counter() - self.started
+        if error is not None:
+            self.error = error
+
+    def active(self) -> contextlib.AbstractContextManager[None]:
+        """The attempt's span current in this block (nothing when tracing is off)."""
+        return self.span.active() if self.span is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,20 +164,28 @@ def run_sync_handler(
     completion committed in the transaction, or ``None`` when there is nothing to
     record (a stale completion, a transaction the engine ended).
     """
-    step, ctx = held.step, held.ctx
-    held.in_handler = True
+    with held.active():
+        return _run_sync_handler(handler, held, tx)
+
+
+def _run_sync_handler(
+    handler: Handler, held: Held, tx: CompletionTx
+) -> StepOutcome | Advanced | None:
+    step, ctx, slog = held.step, held.ctx, held.log
+    held.handler_started()
     try:
+        error: BaseException | None = None
         try:
             if step.input_error is not None:
                 raise Discard(step.input_error)
             value = handler.fn(ctx, handler.codec.decode(step.input))
         except Exception as exc:
+            error = exc
             outcome = decide_outcome(handler, step, error=exc, not_held=held.gone or ctx.cancelled)
         else:
             outcome = decide_outcome(handler, step, value=value)
         finally:
-            held.in_handler = False
-            held.completing = True
+            held.handler_returned(error)
         if outcome.failure is not None or not tx.opened:
             return None if outcome.dropped else outcome
         if held.gone or ctx.cancelled:
@@ -147,14 +195,15 @@ def run_sync_handler(
             stmts = complete_stmts([(step, outcome.output)])
             advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False))
             if step.id not in advanced.done:
-                log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
+                slog.info("stale completion rolled back")
                 return None
             tx.close_sync(commit=True)
         except StepInterrupted:  # the engine ended the transaction: nothing committed
-            log.info("step %d (%s): timed out before its commit", step.id, step.kind)
+            slog.info("timed out before its commit")
             return None
         except Exception as exc:
-            log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
+            slog.warning("completion transaction failed: %s", exc)
+            held.error = exc
             return decide_outcome(handler, step, error=exc)
         return advanced
     finally:

@@ -9,7 +9,7 @@ database before validation passes, so a rejected call writes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
@@ -115,6 +115,13 @@ class EnqueueRequest:
     unique_key: str | None
     submit_keys: tuple[str | None, ...] | None = None
 
+    def traced(self, traceparent: str | None) -> EnqueueRequest:
+        """This request with the run's trace context (a W3C ``traceparent``, or
+        ``None``: this request unchanged)."""
+        if traceparent is None:
+            return self
+        return replace(self, params={**self.params, "traceparent": traceparent})
+
     @classmethod
     def build(
         cls,
@@ -203,6 +210,7 @@ class EnqueueRequest:
             "unique_key": unique_key,
             "sequence_key": sequence_key,
             "retention_us": micros(keep),
+            "traceparent": None,
         }
         if keys is not None:
             params["inputs"] = encoded if many else [encoded]

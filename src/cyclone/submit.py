@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
@@ -225,8 +225,16 @@ class SubmitRequest:
             "nodes": compiled.nodes,
             "deps": compiled.deps,
             "inputs": compiled.inputs,
+            "traceparent": None,
         }
         return cls(workflow=compiled, params=params, submit_key=submit_key)
+
+    def traced(self, traceparent: str | None) -> SubmitRequest:
+        """This request with the run's trace context (a W3C ``traceparent``, or
+        ``None``: this request unchanged)."""
+        if traceparent is None:
+            return self
+        return replace(self, params={**self.params, "traceparent": traceparent})
 
 
 def check_submit_options(options: Mapping[str, Any]) -> None:

@@ -62,6 +62,8 @@ class Claimed:
     edges; ``input_error`` says why its input could not be assembled. ``has_children``
     is true when the run's definition (as this worker registers it) has child nodes:
     then a transaction that may end the run also cancels its active child runs.
+    ``reclaims`` counts the step's reclaims so far, ``traceparent`` is its run's W3C
+    trace context (or ``None``), ``queue_latency`` the seconds from ready to claimed.
     """
 
     # the step, its run and the definition it belongs to
@@ -87,6 +89,10 @@ class Claimed:
     # what the run's definition has (a transaction that may end it does more)
     has_fan_out: bool = False
     has_children: bool = False
+    # what its trace span and metrics show
+    reclaims: int = 0
+    traceparent: str | None = None
+    queue_latency: float = 0.0
 
     @property
     def has_data_edge(self) -> bool:
@@ -149,6 +155,9 @@ def parse_claimed(
             bindings=bindings_of(row.binding_nodes, row.binding_modes),
             has_fan_out=row.has_fan_out,
             has_children=row.def_version in parents,
+            reclaims=row.reclaims,
+            traceparent=row.traceparent,
+            queue_latency=max(row.queue_latency_s, 0.0),
         )
         for row in rows
     ]

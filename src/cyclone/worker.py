@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ from cyclone.execute import Held, decide_outcome, failure_of, run_sync_handler
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
+from cyclone.observability.hooks import Observers
+from cyclone.observability.logs import step_log
+from cyclone.observability.tracing import engine_span, record_span, step_span
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import error_backoff
 from cyclone.sql import CLAIM_LIMITS, claim_limit
@@ -101,8 +105,10 @@ class Worker:
         build_submit: Callable[..., Any] | None = None,
         workflows: Mapping[str, list[str]] | None = None,
         parents: Collection[str] = (),
+        observers: Observers | None = None,
     ) -> None:
         self.settings = settings
+        self._observers = observers if observers is not None else Observers()
         self._build_submit = build_submit
         self._handlers = dict(handlers)
         self._claimer = Claimer(
@@ -219,10 +225,16 @@ class Worker:
             async with self._pool.connection() as conn:
                 rows = await fetch_async(conn, release_stmt(steps))
             self._announcer.announce(Wakeups.of_queues(row.queue for row in rows))
-            log.info("released %d held steps %s", len(rows), why)
+            released = {row.id for row in rows}
+            for step in steps:
+                if step.id in released:
+                    step_log(log, step).info("released %s", why)
         except Exception as exc:
             log.warning(
-                "releasing %d steps failed; the sweep will reclaim them: %s", len(steps), exc
+                "releasing %d steps failed; the sweep will reclaim them: %s (steps %s)",
+                len(steps),
+                exc,
+                ", ".join(f"run {s.run_id} step {s.id}" for s in steps),
             )
 
     # -- claiming ------------------------------------------------------------------
@@ -240,6 +252,7 @@ class Worker:
             queue.wake.clear()
             try:
                 self.claims += 1
+                started_ns = time.time_ns()
                 claimed = await self._claim(queue, limit)
                 failures = 0
             except Exception as exc:
@@ -249,6 +262,8 @@ class Worker:
                 await self._wait_wake(queue, error_backoff(failures))
                 continue
             if claimed:
+                attributes = {"cyclone.queue": queue.name, "cyclone.claimed": len(claimed)}
+                record_span(f"cyclone.claim {queue.name}", started_ns, attributes)
                 self._schedule_heartbeats([self._dispatch(queue, step) for step in claimed])
             if len(claimed) < limit:
                 await self._wait_wake(queue, settings.poll_interval)
@@ -279,7 +294,9 @@ class Worker:
             build_request=self._build_request,
             build_submit=self._build_submit,
         )
-        held = Held(step, ctx)
+        held = Held(step, ctx, step_log(log, step), step_span(step))
+        if self._observers:
+            self._observers.step_claimed(step)
         self._held[step.id, step.owner] = held
         queue.busy += 1
         run = self._execute_async if handler.is_async else self._execute_sync
@@ -293,10 +310,11 @@ class Worker:
         """Run a step to its written outcome, then free its slot."""
         try:
             await running
-        except Exception:
-            step = held.step
-            log.exception("step %d (%s) outcome could not be recorded", step.id, step.kind)
+        except Exception as exc:
+            held.log.exception("outcome could not be recorded")
+            held.error = held.error or exc
         finally:
+            self._ended(held)
             held.finished = True
             self.heartbeats.drop(held.step)
             self._held.pop((held.step.id, held.step.owner), None)
@@ -304,10 +322,15 @@ class Worker:
             queue.freed.set()
 
     async def _execute_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
+        with held.active():
+            await self._run_async(handler, held, tx)
+
+    async def _run_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
         step, ctx = held.step, held.ctx
         timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
-        held.in_handler = True
+        held.handler_started()
         try:
+            error: BaseException | None = None
             try:
                 if step.input_error is not None:
                     raise Discard(step.input_error)
@@ -322,9 +345,10 @@ class Worker:
                     raise
                 task.uncancel()
                 why = "released at shutdown" if held.released else "lease lost"
-                log.info("step %d (%s): %s, handler cancelled", step.id, step.kind, why)
+                held.log.info("%s, handler cancelled", why)
                 return
             except Exception as exc:
+                error = exc
                 timed_out = (
                     not isinstance(exc, StepInterrupted)
                     and timeout_cm is not None
@@ -340,10 +364,9 @@ class Worker:
             else:
                 outcome = decide_outcome(handler, step, value=value)
             finally:
-                held.in_handler = False
-                held.completing = True
+                held.handler_returned(error)
             if outcome.dropped:
-                log.info("step %d (%s): handler stopped, step not held", step.id, step.kind)
+                held.log.info("handler stopped, step not held")
             elif outcome.failure is not None:
                 await tx.close_async(commit=False)
                 await self._record_failure(held, outcome.failure)
@@ -374,13 +397,16 @@ class Worker:
             held.ctx._cancelled = True
             try:
                 if await tx.end_from_engine(self._pool):
-                    log.info("step %d (%s): completion transaction ended", step.id, step.kind)
+                    held.log.info("completion transaction ended")
             except Exception as error:  # the sweep and the CAS still fence the thread
-                log.warning("step %d: ending its transaction failed: %s", step.id, error)
+                held.log.warning("ending its transaction failed: %s", error)
             failure = failure_of(handler, step, TimeoutError(), timed_out=True)
+            if held.span is not None:
+                held.span.record_error(TimeoutError(failure.error))
             await self._record_failure(held, failure)
             result = await future
         if isinstance(result, Advanced):  # committed in its transaction, even if it timed out
+            held.outcome = "completed"
             self._after_completion(held, result)
         elif result is None or timed_out:
             return
@@ -404,18 +430,22 @@ class Worker:
         conn = tx.async_conn
         assert conn is not None
         try:
-            results = await batch_async(conn, complete_stmts([(step, output)]), transaction=False)
-            advanced = parse_advanced(results)
-            if step.id not in advanced.done:
-                await tx.close_async(commit=False)
-                log.info("step %d (%s): stale completion rolled back", step.id, step.kind)
-                return
-            await tx.close_async(commit=True)
+            with engine_span("cyclone.completion_tx.commit", root=False):
+                stmts = complete_stmts([(step, output)])
+                results = await batch_async(conn, stmts, transaction=False)
+                advanced = parse_advanced(results)
+                if step.id not in advanced.done:
+                    await tx.close_async(commit=False)
+                    held.log.info("stale completion rolled back")
+                    return
+                await tx.close_async(commit=True)
         except Exception as exc:
             await tx.close_async(commit=False)
-            log.warning("step %d (%s): completion transaction failed: %s", step.id, step.kind, exc)
+            held.log.warning("completion transaction failed: %s", exc)
+            held.error = exc
             await self._record_failure(held, failure_of(handler, step, exc))
             return
+        held.outcome = "completed"
         self._after_completion(held, advanced)
 
     async def _complete_batched(self, held: Held, output: str | None) -> None:
@@ -424,12 +454,15 @@ class Worker:
         except psycopg.OperationalError:
             raise  # the database is gone: the sweep will give the step back
         except Exception as exc:
-            log.warning("step %d (%s): completion failed: %s", held.step.id, held.step.kind, exc)
+            held.log.warning("completion failed: %s", exc)
+            held.error = exc
             handler = self._handlers[held.step.kind]
             await self._record_failure(held, failure_of(handler, held.step, exc))
             return
-        if not completed:
-            log.info("step %d (%s): stale completion ignored", held.step.id, held.step.kind)
+        if completed:
+            held.outcome = "completed"
+        else:
+            held.log.info("stale completion ignored")
         # the completer announced finished runs after its commit
 
     def _after_completion(self, held: Held, advanced: Advanced) -> None:
@@ -440,7 +473,19 @@ class Worker:
         self._announcer.announce(wakeups, advanced.finished)
 
     async def _record_failure(self, held: Held, failure: Failure) -> None:
-        await self._completer.fail(held.step, failure)
+        if await self._completer.fail(held.step, failure, held.log):
+            held.outcome = "discarded" if failure.discard else "failed"
+            held.failure = failure.error
+
+    def _ended(self, held: Held) -> None:
+        """The attempt of ``held`` is over: end its span and tell the observers how."""
+        outcome = held.outcome or held.gone_as
+        if held.span is not None:
+            if held.error is not None and outcome in ("failed", "discarded"):
+                held.span.record_error(held.error)
+            held.span.end(outcome, error=held.failure)
+        if self._observers:
+            self._observers.step_ended(held.step, outcome, held.duration)
 
     # -- heartbeats ----------------------------------------------------------------
 
@@ -458,7 +503,7 @@ class Worker:
             return  # the outcome being written ended the lease, or its CAS will tell
         held.lost = True
         held.ctx._cancelled = True
-        log.info("step %d (%s): lease lost (reclaimed, cancelled or timed out)", step.id, step.kind)
+        held.log.info("lease lost (reclaimed, cancelled or timed out)")
         handler = self._handlers[step.kind]
         if handler.is_async and held.in_handler and held.task is not None:
             held.task.cancel()

@@ -310,7 +310,16 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         "find_unique": lambda: [Stmt(Q.steps_find_unique, {"kind": "hot", "unique_key": "u5"})],
         "sweep": lambda: [Stmt(Q.steps_sweep_candidates, {"limit": 100})],
         "reclaim": lambda: reclaim_stmts(
-            SweepRow(one.id, one.run_id, lease_generation=1, reclaims=0, timed_out=False),
+            SweepRow(
+                one.id,
+                one.run_id,
+                lease_generation=1,
+                reclaims=0,
+                timed_out=False,
+                node=one.node,
+                kind=one.kind,
+                queue=one.queue,
+            ),
             max_reclaims=3,
         )[0],
         "run_get": lambda: [Stmt(Q.runs_get, {"run_id": one.run_id})],

@@ -398,6 +398,7 @@ ADDITIONS: dict[int, Addition] = {
             ),
         }
     ),
+    8: Addition(columns={("cyclone_runs", "traceparent"): Col(TEXT, NULLABLE)}),
 }
 
 VERSIONS = [1, *ADDITIONS]

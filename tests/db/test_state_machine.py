@@ -381,7 +381,7 @@ class StepMachine(RuleBasedStateMachine):
         touched_runs: set[int] = set()
         outcomes = []
         for candidate in _first_per_step(candidates):
-            step_id, run_id, generation, reclaims, timed_out = candidate
+            step_id, run_id, generation, reclaims, timed_out = candidate[:5]
             stmts, is_discard = reclaim_stmts(candidate, max_reclaims=self.max_reclaims)
             rows = batch_sync(self.sweeper, stmts, transaction=is_discard)
             changed: list[Any] = (

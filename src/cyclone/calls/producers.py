@@ -19,10 +19,12 @@ from cyclone.calls.effects import (
 )
 from cyclone.config import WakeupTracker
 from cyclone.dbio import Plan
+from cyclone.observability.tracing import producer_span
 from cyclone.options import check_text
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
     EnqueueOptions,
+    EnqueueRequest,
     KindTarget,
     ManyOptions,
     enqueue_many_plan,
@@ -32,11 +34,24 @@ from cyclone.producer import (
 )
 from cyclone.records import Enqueued, RunRef, Submitted, run_id_of
 from cyclone.signals import signal_plan
-from cyclone.submit import SubmitOptions, submit_plan
+from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
 from cyclone.wakeups import Wakeups
 from cyclone.workflow import Workflow
 
 __all__ = ["ProducerCalls"]
+
+
+def _job_attributes(request: EnqueueRequest, count: int | None = None) -> dict[str, Any]:
+    """The attributes of an enqueue's producer span (``count``: runs of a batch)."""
+    attributes: dict[str, Any] = {"cyclone.kind": request.kind, "cyclone.queue": request.queue}
+    if count is not None:
+        attributes["cyclone.batch_size"] = count
+    return attributes
+
+
+def _run_attributes(request: SubmitRequest) -> dict[str, Any]:
+    """The attributes of a submit's producer span."""
+    return {"cyclone.workflow": request.workflow.name}
 
 
 def _nothing(value: Any) -> Plan[Any]:
@@ -76,14 +91,18 @@ class ProducerCalls(CallsCore):
             ConfigurationError: the schema is not installed.
         """
         request = self.config.request(kind, input, **options)
-        if request.unique_key is None and request.submit_keys is None:
-            enqueued: Enqueued = yield EnqueueOne(request)
-            return enqueued
-        # A unique_key plan runs statement by statement (each insert is complete alone,
-        # its lookups only read); a submit_key plan may take an insert, a lookup of the
-        # keys taken meanwhile and an insert again: one transaction.
-        atomic = request.submit_keys is not None
-        result: Enqueued = yield Own(enqueue_plan(request), atomic=atomic)
+        with producer_span(f"cyclone.enqueue {request.kind}", _job_attributes(request)) as span:
+            request = request.traced(span.traceparent)
+            if request.unique_key is None and request.submit_keys is None:
+                enqueued: Enqueued = yield EnqueueOne(request)
+                span.set("cyclone.run_id", enqueued.run_id)
+                return enqueued
+            # A unique_key plan runs statement by statement (each insert is complete
+            # alone, its lookups only read); a submit_key plan may take an insert, a
+            # lookup of the keys taken meanwhile and an insert again: one transaction.
+            atomic = request.submit_keys is not None
+            result: Enqueued = yield Own(enqueue_plan(request), atomic=atomic)
+            span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
             yield Announce(Wakeups.of_queues((request.queue,)))
         return result
@@ -112,11 +131,14 @@ class ProducerCalls(CallsCore):
         if not inputs:
             return []
         handles: list[Enqueued]
-        if request.submit_keys is None:
-            rows = yield Own(fetch(enqueue_many_stmt(request)))
-            handles = enqueued_from_rows(rows)
-        else:
-            handles = yield Own(enqueue_many_plan(request), atomic=True)
+        attributes = _job_attributes(request, count=len(inputs))
+        with producer_span(f"cyclone.enqueue {request.kind}", attributes) as span:
+            request = request.traced(span.traceparent)
+            if request.submit_keys is None:
+                rows = yield Own(fetch(enqueue_many_stmt(request)))
+                handles = enqueued_from_rows(rows)
+            else:
+                handles = yield Own(enqueue_many_plan(request), atomic=True)
         if not all(handle.duplicate for handle in handles):
             yield Announce(Wakeups.of_queues((request.queue,)))
         return handles
@@ -142,7 +164,10 @@ class ProducerCalls(CallsCore):
             ValidationError: a bad input or option; nothing is written.
         """
         request = self.config.submit_request(workflow, input, **options)
-        result: Submitted = yield Own(submit_plan(request))
+        with producer_span(f"cyclone.submit {workflow.name}", _run_attributes(request)) as span:
+            request = request.traced(span.traceparent)
+            result: Submitted = yield Own(submit_plan(request))
+            span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
             yield Announce(Wakeups.of_queues(request.workflow.queues))
         return result
@@ -167,7 +192,10 @@ class ProducerCalls(CallsCore):
         check_text(name, "signal name")
         encoded = encode_json(PLAIN.encode(payload), f"payload of signal {name!r}")
         plan = signal_plan(run_id, name, encoded)
-        stored, settled = yield Own(plan, atomic=True, engine=True)
+        attributes = {"cyclone.run_id": run_id, "cyclone.signal": name}
+        with producer_span(f"cyclone.signal {name}", attributes) as span:
+            stored, settled = yield Own(plan, atomic=True, engine=True)
+            span.set("cyclone.stored", bool(stored))
         yield Announce.of(settled.wakeups, settled.finished)
         return bool(stored)
 
@@ -191,7 +219,10 @@ class ProducerCalls(CallsCore):
             StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, input, **options)
-        result: Enqueued = yield Joined(conn, enqueue_plan(request))
+        with producer_span(f"cyclone.enqueue {request.kind}", _job_attributes(request)) as span:
+            request = request.traced(span.traceparent)
+            result: Enqueued = yield Joined(conn, enqueue_plan(request))
+            span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
             self.config.track(conn, (request.queue,))
         return result
@@ -208,8 +239,11 @@ class ProducerCalls(CallsCore):
             StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, inputs, many=True, **options)
-        plan = enqueue_many_plan(request) if inputs else _nothing([])
-        handles: list[Enqueued] = yield Joined(conn, plan)
+        attributes = _job_attributes(request, count=len(inputs))
+        with producer_span(f"cyclone.enqueue {request.kind}", attributes) as span:
+            request = request.traced(span.traceparent)
+            plan = enqueue_many_plan(request) if inputs else _nothing([])
+            handles: list[Enqueued] = yield Joined(conn, plan)
         if not all(handle.duplicate for handle in handles):
             self.config.track(conn, (request.queue,))
         return handles
@@ -230,7 +264,10 @@ class ProducerCalls(CallsCore):
                 :meth:`enqueue_tx`).
         """
         request = self.config.submit_request(workflow, input, **options)
-        result: Submitted = yield Joined(conn, submit_plan(request))
+        with producer_span(f"cyclone.submit {workflow.name}", _run_attributes(request)) as span:
+            request = request.traced(span.traceparent)
+            result: Submitted = yield Joined(conn, submit_plan(request))
+            span.set("cyclone.run_id", result.run_id)
         self.config.track(conn, request.workflow.queues)
         return result
 

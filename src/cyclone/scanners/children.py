@@ -88,6 +88,7 @@ async def _start(conn: Any, node: ChildStartRow, child: CompiledWorkflow, done: 
             await done.discard(conn, node, StepState.WAITING_CHILD, "child_failed", str(exc))
             return
     request = SubmitRequest.build(child, value, parent=(node.run_id, node.node))
+    request = request.traced(node.traceparent)  # the child run joins its parent's trace
     sub = await run_plan_async(conn, submit_plan(request))
     log.info("run %d node %r started child run %d", node.run_id, node.node, sub.run_id)
     done.wakeups |= Wakeups.of_queues(child.queues)

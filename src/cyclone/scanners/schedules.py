@@ -30,6 +30,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, fetch_async, run_plan_async
+from cyclone.observability.tracing import engine_span, traceparent_of_current
 from cyclone.options import micros
 from cyclone.scanners.loop import Scanner
 from cyclone.schedules import SKIP_COUNT_LIMIT, CatchUp, FirePlan, fire_plan
@@ -169,16 +170,24 @@ class ScheduleScanner(Scanner):
 
     async def _insert_fire(self, row: ScheduleRow, plan: FirePlan) -> tuple[int, set[str]]:
         """The fire transaction: the run, then the guarded move and the fire row."""
+        attributes = {"cyclone.schedule": row.id, "cyclone.workflow": row.kind}
         async with self._pool.connection() as conn, conn.transaction():
-            if row.def_version is None:
-                (enqueued,) = await fetch_async(conn, Stmt(Q.steps_enqueue, _enqueue_params(row)))
-                run_id = enqueued.run_id
-                queues = {row.queue}
-            else:
-                compiled = self._definitions[row.def_version]
-                request = SubmitRequest.build(compiled, json.loads(row.input))
-                run_id = (await run_plan_async(conn, submit_plan(request))).run_id
-                queues = set(compiled.queues)
+            with engine_span(f"cyclone.fire {row.id}", attributes) as span:
+                # the fired run's steps are children of this span
+                traceparent = traceparent_of_current()
+                if row.def_version is None:
+                    params = {**_enqueue_params(row), "traceparent": traceparent}
+                    (enqueued,) = await fetch_async(conn, Stmt(Q.steps_enqueue, params))
+                    run_id = enqueued.run_id
+                    queues = {row.queue}
+                else:
+                    compiled = self._definitions[row.def_version]
+                    request = SubmitRequest.build(compiled, json.loads(row.input))
+                    request = request.traced(traceparent)
+                    run_id = (await run_plan_async(conn, submit_plan(request))).run_id
+                    queues = set(compiled.queues)
+                if span is not None:
+                    span.set_attribute("cyclone.run_id", run_id)
             done = await fetch_async(
                 conn,
                 Stmt(
@@ -250,4 +259,5 @@ def _enqueue_params(row: ScheduleRow) -> dict[str, Any]:
         "sequence_key": None,
         "retention_us": micros(row.retention_s),
         "input": row.input,
+        "traceparent": None,
     }

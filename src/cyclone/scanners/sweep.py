@@ -12,6 +12,7 @@ reclaim is its own transaction, guarded on the lease generation the sweep read.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.graph import parse_advanced
+from cyclone.observability.hooks import Observers
+from cyclone.observability.tracing import record_span
 from cyclone.scanners.loop import Scanner
 from cyclone.sql import Q
+from cyclone.sql.rows import SweepRow
 from cyclone.transitions import reclaim_stmts
 from cyclone.wakeups import NO_WAKEUPS, Announcer, Wakeups
 
@@ -40,9 +44,11 @@ class Sweeper(Scanner):
         interval: float,
         max_reclaims: int,
         batch: int = 500,
+        observers: Observers | None = None,
     ) -> None:
         super().__init__(pool, announcer, interval=interval, name="recovery sweep", batch=batch)
         self.max_reclaims = max_reclaims
+        self._observers = observers if observers is not None else Observers()
 
     async def pass_once(self) -> bool:
         """One :meth:`sweep_once`."""
@@ -50,7 +56,9 @@ class Sweeper(Scanner):
         return False
 
     async def sweep_once(self) -> SweepResult:
-        """One pass over every expired step; returns what it changed."""
+        """One pass over every expired step; returns what it changed (a pass that
+        changed something is traced as a ``cyclone.sweep`` span)."""
+        started_ns = time.time_ns()
         async with self._pool.connection() as conn:
             rows = await fetch_async(conn, Stmt(Q.steps_sweep_candidates, {"limit": self._batch}))
         seen: set[int] = set()
@@ -66,15 +74,38 @@ class Sweeper(Scanner):
                 ended = set(parse_advanced(results).finished)  # child runs ended
                 if results.of(Q.steps_reclaim_discard):
                     discarded += 1
-                    log.warning("step %d discarded: reclaim limit reached", row.id)
+                    log.warning(
+                        "%s: discarded, reclaim limit reached", _about(row), extra=_fields(row)
+                    )
                     ended.add(row.run_id)
+                    if self._observers:
+                        self._observers.step_swept_discard(row.kind, row.queue)
                 self._announcer.announce(NO_WAKEUPS, ended)
             elif back := results.of(Q.steps_reclaim):
                 reclaimed += 1
                 why = "timeout" if row.timed_out else "lease expired"
-                log.info("step %d reclaimed (%s)", row.id, why)
+                log.info("%s: reclaimed (%s)", _about(row), why, extra=_fields(row))
                 self._announcer.announce(Wakeups.of_queues(step.queue for step in back))
+                if self._observers:
+                    self._observers.step_reclaimed(row.kind, row.queue)
+        if reclaimed or discarded:
+            attributes = {"cyclone.reclaimed": reclaimed, "cyclone.discarded": discarded}
+            record_span("cyclone.sweep", started_ns, attributes)
         return SweepResult(reclaimed=reclaimed, discarded=discarded)
+
+
+def _about(row: SweepRow) -> str:
+    return f"run {row.run_id} step {row.id} (node {row.node}, kind {row.kind})"
+
+
+def _fields(row: SweepRow) -> dict[str, Any]:
+    return {
+        "run_id": row.run_id,
+        "step_id": row.id,
+        "node": row.node,
+        "kind": row.kind,
+        "queue": row.queue,
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,10 +40,11 @@ WITH new_run AS (
         DO NOTHING
     RETURNING id, run_id
 ), run AS (
-    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, retention)
+    INSERT INTO cyclone_runs (
+        id, workflow, def_version, input, result_node, retention, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT step.run_id, %(kind)s, 'job', %(input)s::jsonb, %(kind)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
+           %(retention_us)s::bigint * interval '1 microsecond', %(traceparent)s
     FROM step
 )
 SELECT step.id AS step_id, step.run_id
@@ -85,10 +86,11 @@ WITH v AS (
     SELECT nextval('cyclone_runs_id_seq') AS run_id, u.input
     FROM jsonb_array_elements(%(inputs_json)s::jsonb) AS u (input)
 ), run AS (
-    INSERT INTO cyclone_runs (id, workflow, def_version, input, result_node, retention)
+    INSERT INTO cyclone_runs (
+        id, workflow, def_version, input, result_node, retention, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s,
-           %(retention_us)s::bigint * interval '1 microsecond'
+           %(retention_us)s::bigint * interval '1 microsecond', %(traceparent)s
     FROM v
 ), step AS (
     -- use: job_step_insert
@@ -118,10 +120,10 @@ WITH v AS (
         WITH ORDINALITY AS u (input, submit_key, ord)
 ), run AS (
     INSERT INTO cyclone_runs (
-        id, workflow, def_version, input, result_node, submit_key, retention)
+        id, workflow, def_version, input, result_node, submit_key, retention, traceparent)
     OVERRIDING SYSTEM VALUE
     SELECT v.run_id, %(kind)s, 'job', v.input, %(kind)s, v.submit_key,
-           %(retention_us)s::bigint * interval '1 microsecond'
+           %(retention_us)s::bigint * interval '1 microsecond', %(traceparent)s
     FROM v
     ORDER BY v.submit_key, v.ord
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING

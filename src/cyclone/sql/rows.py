@@ -185,6 +185,9 @@ class ClaimRow(NamedTuple):
     has_fan_out: bool
     binding_nodes: list[str] | None
     binding_modes: list[str] | None
+    reclaims: int
+    traceparent: str | None
+    queue_latency_s: float
 
 
 class HeartbeatRow(NamedTuple):
@@ -237,6 +240,9 @@ class SweepRow(NamedTuple):
     lease_generation: int
     reclaims: int
     timed_out: bool
+    node: str
+    kind: str
+    queue: str
 
 
 class SignalTimeoutRow(NamedTuple):
@@ -279,6 +285,7 @@ class ChildStartRow(NamedTuple):
     binding_modes: list[str] | None
     input_from: str | None
     input: Any
+    traceparent: str | None
 
 
 class ChildDoneRow(NamedTuple):

@@ -25,11 +25,11 @@ FOR UPDATE;
 WITH run AS (
     INSERT INTO cyclone_runs (
         workflow, def_version, input, result_node, submit_key, deadline_at, has_fan_out,
-        parent_run_id, parent_node_id, retention)
+        parent_run_id, parent_node_id, retention, traceparent)
     VALUES (%(workflow)s, %(def_version)s, %(input)s::jsonb, %(result_node)s, %(submit_key)s,
             now() + %(deadline_us)s::bigint * interval '1 microsecond', %(has_fan_out)s,
             %(parent_run_id)s, %(parent_node_id)s,
-            %(run_retention_us)s::bigint * interval '1 microsecond')
+            %(run_retention_us)s::bigint * interval '1 microsecond', %(traceparent)s)
     ON CONFLICT (workflow, submit_key) WHERE submit_key IS NOT NULL DO NOTHING
     RETURNING id
 ), steps AS (

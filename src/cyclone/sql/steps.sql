@@ -76,7 +76,10 @@ FROM cyclone_step_inputs i
 -- worker, not claimed again and again. A workflow step also returns its data edge
 -- (input_from) and its input bindings (binding_nodes and binding_modes, aligned, in slot
 -- order), which the worker resolves from upstream outputs; a standalone job
--- (def_version 'job') skips that lookup. The ORDER BY is exactly the order of
+-- (def_version 'job') skips that lookup. Each step also returns what its trace span
+-- needs: its reclaims, its run's trace context and how long it waited since it was
+-- ready (now() - scheduled_at: a step made available is scheduled at that moment).
+-- The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
 -- A step of a run that is not running (paused) is never taken, whatever raced it back to
@@ -114,11 +117,11 @@ WITH claimable AS (
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
 ), runnable AS (
-    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out,
+    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent,
            b.binding_nodes, b.binding_modes
     FROM claimable c
     CROSS JOIN LATERAL (
-        SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out
+        SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent
         FROM cyclone_runs r
         WHERE r.id = c.run_id
         OFFSET 0) r
@@ -145,7 +148,8 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
-          c.binding_nodes, c.binding_modes;
+          c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent,
+          extract(epoch FROM now() - s.scheduled_at)::float8 AS queue_latency_s;
 
 
 -- name: steps_sequence_lock
@@ -343,14 +347,14 @@ RETURNING s.id, s.queue;
 -- Running steps whose timeout passed (idx_steps_timeout), even while their heartbeats
 -- still run, then those whose lease expired (idx_steps_lease). A step in both lists
 -- comes first as a timeout.
-(SELECT id, run_id, lease_generation, reclaims, true AS timed_out
+(SELECT id, run_id, lease_generation, reclaims, true AS timed_out, node, kind, queue
  FROM cyclone_steps
  WHERE state = 'running'
    AND timeout IS NOT NULL
    AND started_at + timeout <= now()
  LIMIT %(limit)s)
 UNION ALL
-(SELECT id, run_id, lease_generation, reclaims, false AS timed_out
+(SELECT id, run_id, lease_generation, reclaims, false AS timed_out, node, kind, queue
  FROM cyclone_steps
  WHERE state = 'running'
    AND lease_expiry < now()

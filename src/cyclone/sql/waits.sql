@@ -175,9 +175,10 @@ WHERE i.run_id = %(run_id)s
 -- name: steps_children_to_start
 -- The child scanner: child nodes reached (waiting_child, idx_steps_waiting_child) with
 -- no child run yet, in running runs locked with SKIP LOCKED; with what their input is
--- made of (as steps_claim returns it).
+-- made of (as steps_claim returns it), and the parent run's trace context, which the
+-- child run carries.
 SELECT s.id, s.run_id, s.node, r.def_version, b.binding_nodes, b.binding_modes,
-       s.input_from, coalesce(s.input, r.input) AS input
+       s.input_from, coalesce(s.input, r.input) AS input, r.traceparent
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 CROSS JOIN LATERAL (
