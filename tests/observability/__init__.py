@@ -1,0 +1,1 @@
+"""Tests of traces, metrics and the observers a client reports to."""
