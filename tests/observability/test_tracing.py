@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 import cyclone
 from cyclone import RunState
 from tests.apps.traced import add, chain, flaky
-from tests.helpers import ROOT, kill, poll_until, scalar, start_worker
+from tests.helpers import ROOT, apoll_until, kill, poll_until, scalar, start_worker
 from tests.observability.spans import SpanRecord, capture, read_spans, tracer
 
 
@@ -202,8 +203,12 @@ async def test_a_schedule_fire_is_a_span_and_its_run_a_child_of_it(
             )
             scanner = client.schedule_scanner
             assert scanner is not None
-            await scanner.scan_once()
-            run_id = scalar(db, "SELECT last_run_id FROM cyclone_schedules")
+
+            async def fired() -> Any:
+                await scanner.scan_once()  # a pass of its own may hold the lease now
+                return scalar(db, "SELECT last_run_id FROM cyclone_schedules")
+
+            run_id = await apoll_until(fired, what="the schedule fired")
             assert client.engine is not None
             client.engine.wake("default")  # the worker polls once an hour here
             await client.wait(run_id, timeout=60)
@@ -232,6 +237,7 @@ async def main():
 
 import asyncio
 import json
+import logging
 asyncio.run(main())
 """
 
@@ -288,3 +294,25 @@ async def test_a_step_given_back_at_shutdown_ends_its_span_as_released(
     assert scalar(db, "SELECT state FROM cyclone_steps WHERE run_id = %s", (run.run_id,)) == (
         "available"
     )
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_a_producer_call_that_fails_records_it_on_its_span(
+    dsn: str, flavour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A signal to a run that does not exist raises NotFoundError from inside the call:
+    its producer span ends then, with the exception recorded and status ERROR, and the
+    span's context is left cleanly (nothing logged about a context not detached)."""
+    caplog.set_level(logging.WARNING)
+    with capture() as captured:
+        if flavour == "async":
+            async with cyclone.Client(dsn) as client:
+                with pytest.raises(cyclone.NotFoundError):
+                    await client.signal(987654, "approve")
+        else:
+            with cyclone.SyncClient(dsn) as sync_client, pytest.raises(cyclone.NotFoundError):
+                sync_client.signal(987654, "approve")
+        span = _one(captured.all(), "cyclone.signal approve")
+    assert span.kind == "PRODUCER" and span.status == "ERROR" and "exception" in span.events
+    assert span.attributes["cyclone.run_id"] == 987654
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]

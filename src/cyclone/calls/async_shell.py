@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -86,25 +86,38 @@ class AsyncShell(AsyncShellBase):
             try:
                 effect = next(script)
                 while True:
-                    match effect:
-                        case Own():
-                            result = await _own(await borrow(effect.engine), effect)
-                        case Joined():
-                            self.config.check_tx_conn(effect.conn, psycopg.AsyncConnection)
-                            result = await run_plan_async(effect.conn, effect.plan)
-                        case EnqueueOne():
-                            result = await self._enqueue_one(await borrow(False), effect.request)
-                        case Announce():
-                            await self._open()
-                            self._announce(effect.wakeups, effect.finished)
-                            if effect.flush:
-                                assert self._publisher is not None
-                                await self._publisher.flush()
-                            result = None
+                    try:
+                        result = await self._effect(effect, borrow)
+                    except BaseException as exc:
+                        # the script sees the error where it yielded (its spans and
+                        # cleanup run now, in this task); it re-raises it
+                        effect = script.throw(exc)
+                        continue
                     effect = script.send(result)
             except StopIteration as stop:
                 value: T = stop.value
                 return value
+
+    async def _effect(
+        self, effect: Any, borrow: Callable[[bool], Awaitable[psycopg.AsyncConnection[Any]]]
+    ) -> Any:
+        """Perform one effect of a script; its result."""
+        match effect:
+            case Own():
+                return await _own(await borrow(effect.engine), effect)
+            case Joined():
+                self.config.check_tx_conn(effect.conn, psycopg.AsyncConnection)
+                return await run_plan_async(effect.conn, effect.plan)
+            case EnqueueOne():
+                return await self._enqueue_one(await borrow(False), effect.request)
+            case Announce():
+                await self._open()
+                self._announce(effect.wakeups, effect.finished)
+                if effect.flush:
+                    assert self._publisher is not None
+                    await self._publisher.flush()
+                return None
+        raise TypeError(f"not an effect: {effect!r}")  # pragma: no cover
 
     async def _enqueue_one(
         self, conn: psycopg.AsyncConnection[Any], request: EnqueueRequest

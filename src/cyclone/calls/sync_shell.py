@@ -62,21 +62,28 @@ class SyncShell(SyncShellBase):
             try:
                 effect = next(script)
                 while True:
-                    match effect:
-                        case Own():
-                            result = _own(borrow(), effect)
-                        case Joined():
-                            self.config.check_tx_conn(effect.conn, psycopg.Connection)
-                            result = run_plan_sync(effect.conn, effect.plan)
-                        case EnqueueOne():
-                            conn = borrow()
-                            rows = _own(conn, Own(fetch(enqueue_stmt(effect.request))))
-                            self._publish(conn, (effect.request.queue,), ())
-                            result = enqueued_from_rows(rows)[0]
-                        case Announce():
-                            if effect.wakeups.queues or effect.finished:
-                                self._publish(borrow(), effect.wakeups.queues, effect.finished)
-                            result = None
+                    try:
+                        match effect:
+                            case Own():
+                                result = _own(borrow(), effect)
+                            case Joined():
+                                self.config.check_tx_conn(effect.conn, psycopg.Connection)
+                                result = run_plan_sync(effect.conn, effect.plan)
+                            case EnqueueOne():
+                                conn = borrow()
+                                rows = _own(conn, Own(fetch(enqueue_stmt(effect.request))))
+                                self._publish(conn, (effect.request.queue,), ())
+                                result = enqueued_from_rows(rows)[0]
+                            case Announce():
+                                if effect.wakeups.queues or effect.finished:
+                                    queues, finished = effect.wakeups.queues, effect.finished
+                                    self._publish(borrow(), queues, finished)
+                                result = None
+                    except BaseException as exc:
+                        # the script sees the error where it yielded (its spans and
+                        # cleanup run now, in this context); it re-raises it
+                        effect = script.throw(exc)
+                        continue
                     effect = script.send(result)
             except StopIteration as stop:
                 value: T = stop.value
