@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -222,9 +223,13 @@ async def noop_drain(
     count_interval: float = 0.05,
     worker_timeout: float = 60.0,
     py_spy: Path | None = None,
+    worker: Callable[..., None] = throughput_worker,
+    worker_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Drain the backlog of ``jobs`` runs in ``dsn`` with ``processes`` worker processes
-    (:func:`bench.fleet.started_together`).
+    (:func:`bench.fleet.started_together`) running ``worker`` (default
+    :func:`bench.workers.throughput_worker`) with ``config``'s options and
+    ``worker_options``.
 
     ``worker_dsn``: where the workers connect (a pooler in front of ``dsn``); the
     driver's own connections and the server CPU sampler use ``dsn``.
@@ -253,8 +258,9 @@ async def noop_drain(
         above_id = int(first[0])
         done_before = await count_completed(conn, above_id)
         try:
+            options = {**config.options(), **(worker_options or {})}
             async with started_together(
-                throughput_worker, [(worker_dsn or dsn,)] * processes, config.options()
+                worker, [(worker_dsn or dsn,)] * processes, options
             ) as fleet:
                 server = await asyncio.to_thread(BackendCpu(dsn, "cyclone").start)
                 began = time.perf_counter()

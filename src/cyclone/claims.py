@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.handlers import Handler
 from cyclone.inputs import InputError, OutputCache, assemble, needed
+from cyclone.observability.logs import step_log
 from cyclone.sql import Q
 from cyclone.transitions import (
     Claimed,
@@ -103,9 +104,10 @@ class Claimer:
                         conn, sequence_recheck_stmts(sequenced), transaction=True
                     )
                     given_back = {row.id for row in results.of(Q.steps_sequence_release)}
-                    if given_back:
-                        log.debug("sequence recheck gave back steps %s", sorted(given_back))
-                        claimed = [step for step in claimed if step.id not in given_back]
+                    for step in claimed:
+                        if step.id in given_back:
+                            step_log(log, step).debug("given back by the sequence recheck")
+                    claimed = [step for step in claimed if step.id not in given_back]
                 if any(step.def_version != "job" for step in claimed):
                     claimed = await self._check_versions(conn, claimed)
                     if any(step.has_data_edge for step in claimed):
@@ -141,13 +143,10 @@ class Claimer:
                 if len(self._foreign) >= MAX_FOREIGN_VERSIONS:
                     self._foreign.pop(0)
                 self._foreign.append(step.def_version)
-            log.warning(
-                "step %d (%s) of run %d: def_version mismatch: the run has %s of workflow %r, "
+            step_log(log, step).warning(
+                "def_version mismatch: the run has %s of workflow %r, "
                 "this worker has %s; given back for a worker with that definition "
                 "(this worker skips that def_version from now on)",
-                step.id,
-                step.node,
-                step.run_id,
                 step.def_version,
                 step.workflow,
                 self._workflows.get(step.workflow) or "none",

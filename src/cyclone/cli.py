@@ -3,16 +3,16 @@
 Commands read the database from ``--dsn`` or the
 ``CYCLONE_DSN`` environment variable. Errors print one line and exit non-zero.
 
-``migrate`` and ``worker`` set up and run; ``runs``, ``run``, ``steps``, ``queues`` and
-``kinds`` inspect (tables through rich, or ``--json``; see :mod:`cyclone.render`);
-``signal``, ``cancel``, ``pause``, ``resume`` and ``retry`` act on one run through a
-:class:`SyncClient`.
+``migrate`` and ``worker`` (:mod:`cyclone.cli_worker`) set up and run; ``runs``, ``run``,
+``step``, ``steps``, ``queues`` and ``kinds`` inspect (tables through rich, or ``--json``;
+see :mod:`cyclone.render`); ``signal``, ``cancel``, ``pause``, ``resume`` and ``retry``
+act on one run through a :class:`SyncClient`; ``dashboard`` (:mod:`cyclone.cli_dashboard`)
+serves the web dashboard.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import os
@@ -35,18 +35,15 @@ from cyclone.cli_options import (
     json_option,
     limit_option,
     pooler_option,
-    slot_options,
 )
-from cyclone.client import Client
+from cyclone.cli_worker import load_client, worker
 from cyclone.connections import ConnectionSettings
 from cyclone.errors import CycloneError
-from cyclone.handlers import Handler
 from cyclone.migrate import migrate as run_migrate
 from cyclone.sync_client import SyncClient
 
 __all__ = ["load_client", "main"]
 
-log = logging.getLogger("cyclone.cli")
 T = TypeVar("T")
 
 _PIPE_WIDTH = 1000
@@ -96,84 +93,6 @@ def migrate(dsn: str, schema: str) -> None:
         click.echo(f"applied migrations {', '.join(str(v) for v in applied)}")
     else:
         click.echo("schema is up to date")
-
-
-def load_client(app: str) -> Client:
-    """Import ``module:attribute`` and return the :class:`Client` it names.
-
-    The attribute may be a ``Client`` or a function of no arguments returning one.
-
-    Raises:
-        click.BadParameter: the path is malformed, the import fails, or the attribute
-            is not a client.
-    """
-    module_name, _, attribute = app.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"expected module:attribute, got {app!r}", param_hint="APP")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
-    target = getattr(module, attribute, None)
-    if callable(target) and not isinstance(target, Client | Handler):
-        try:
-            target = target()
-        except TypeError as exc:  # a function that needs arguments is not a factory
-            raise click.BadParameter(
-                f"{app!r} is not a cyclone.Client nor a function of no arguments returning "
-                f"one: {exc}",
-                param_hint="APP",
-            ) from exc
-    if not isinstance(target, Client):
-        raise click.BadParameter(f"{app!r} is not a cyclone.Client", param_hint="APP")
-    return target
-
-
-async def _serve(client: Client) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            log.info("second signal: releasing running steps now")
-            client.hurry()
-        stop.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
-    try:
-        async with client:
-            log.info("worker running; SIGTERM or Ctrl-C stops it gracefully")
-            await stop.wait()
-            log.info(
-                "stopping: draining running steps (up to %.0f s; signal again to release them now)",
-                client.shutdown_grace,
-            )
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-
-
-@main.command()
-@click.argument("app")
-@slot_options
-@pooler_option
-def worker(app: str, slots: int | None, queue_slots: dict[str, int]) -> None:
-    """Run the workers of APP (module:client) until SIGTERM, then drain gracefully."""
-    sys.path.insert(0, "")
-    client = load_client(app)
-    if not client.handlers:
-        raise click.UsageError(f"{app} registers no handlers; a worker would have nothing to run")
-    if slots is not None or queue_slots:
-        queues = dict.fromkeys(client.queues, slots) if slots is not None else dict(client.queues)
-        client.set_queues({**queues, **queue_slots})
-    asyncio.run(_serve(client))
-    if client.threads_running:
-        # Their steps were given back and their late completion will be refused;
-        # waiting for the threads would only stretch the shutdown past its grace.
-        log.warning("exiting with %d sync handler thread(s) still running", client.threads_running)
-        logging.shutdown()
-        os._exit(0)
 
 
 # -- inspection and control -------------------------------------------------------------
@@ -270,6 +189,21 @@ def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
         after.setdefault(node, []).append(dep)
     shown = [{**render.as_dict(step), "deps": after.get(step.node, [])} for step in steps]
     click.echo(render.to_json({"run": run, "steps": shown}))
+
+
+@main.command("step")
+@connection_options
+@click.argument("step_id", metavar="ID", type=int)
+@json_option
+def show_step(dsn: str, schema: str, step_id: int, as_json: bool) -> None:
+    """Show step ID (the step_id of a log line): its run, node, state, attempts, lease,
+    times, error, input and output."""
+    with _database(dsn, schema) as db:
+        step = db.client.get_step(step_id)
+    if as_json:
+        click.echo(render.to_json({**render.as_dict(step), "executions": render.executions(step)}))
+    else:
+        _print(render.step_view(step))
 
 
 @main.command()
@@ -482,4 +416,5 @@ def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approv
         raise SystemExit(status)
 
 
+main.add_command(worker)
 main.add_command(dashboard)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
 from cyclone.errors import LeaseLost
-from cyclone.observability.tracing import producer_span
+from cyclone.observability.tracing import enqueue_attributes, producer_span, submit_attributes
 from cyclone.producer import EnqueueOptions, EnqueueRequest, KindTarget, enqueue_plan
 from cyclone.records import Enqueued, Submitted
 from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
@@ -133,7 +133,7 @@ class Context:
         request = self._build_request(kind, input, **options)
         if self._is_async:
             return self._enqueue_async(request)
-        with producer_span(f"cyclone.enqueue {request.kind}", _job(request)) as span:
+        with producer_span(f"cyclone.enqueue {request.kind}", enqueue_attributes(request)) as span:
             result = run_plan_sync(
                 self._tx.open_sync(), enqueue_plan(request.traced(span.traceparent))
             )
@@ -143,7 +143,7 @@ class Context:
         return result
 
     async def _enqueue_async(self, request: EnqueueRequest) -> Enqueued:
-        with producer_span(f"cyclone.enqueue {request.kind}", _job(request)) as span:
+        with producer_span(f"cyclone.enqueue {request.kind}", enqueue_attributes(request)) as span:
             conn = await self._tx.open_async()
             result = await run_plan_async(conn, enqueue_plan(request.traced(span.traceparent)))
             span.set("cyclone.run_id", result.run_id)
@@ -169,7 +169,9 @@ class Context:
         self._wakeups.update(request.workflow.queues)
         if self._is_async:
             return self._submit_async(request)
-        with producer_span(f"cyclone.submit {request.workflow.name}", _run(request)) as span:
+        with producer_span(
+            f"cyclone.submit {request.workflow.name}", submit_attributes(request)
+        ) as span:
             result = run_plan_sync(
                 self._tx.open_sync(), submit_plan(request.traced(span.traceparent))
             )
@@ -177,7 +179,9 @@ class Context:
         return result
 
     async def _submit_async(self, request: SubmitRequest) -> Submitted:
-        with producer_span(f"cyclone.submit {request.workflow.name}", _run(request)) as span:
+        with producer_span(
+            f"cyclone.submit {request.workflow.name}", submit_attributes(request)
+        ) as span:
             conn = await self._tx.open_async()
             result = await run_plan_async(conn, submit_plan(request.traced(span.traceparent)))
             span.set("cyclone.run_id", result.run_id)
@@ -188,11 +192,3 @@ class Context:
             f"<cyclone.Context run={self.run_id} step={self.step_id} node={self.node!r} "
             f"attempt={self.attempt}>"
         )
-
-
-def _job(request: EnqueueRequest) -> dict[str, Any]:
-    return {"cyclone.kind": request.kind, "cyclone.queue": request.queue}
-
-
-def _run(request: SubmitRequest) -> dict[str, Any]:
-    return {"cyclone.workflow": request.workflow.name}

@@ -24,13 +24,20 @@ from cyclone.dbio import batch_sync
 from cyclone.errors import Discard, StepInterrupted
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
-from cyclone.observability.hooks import Outcome
+from cyclone.observability.hooks import Observers, Outcome
 from cyclone.observability.logs import StepLog
 from cyclone.observability.tracing import StepSpan
 from cyclone.payloads import encode_json
 from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
 
-__all__ = ["Held", "StepOutcome", "decide_outcome", "failure_of", "run_sync_handler"]
+__all__ = [
+    "Held",
+    "StepOutcome",
+    "decide_outcome",
+    "failure_of",
+    "run_async_handler",
+    "run_sync_handler",
+]
 
 log = logging.getLogger("cyclone.worker")
 
@@ -53,6 +60,7 @@ class Held:
     duration: float | None = None
     error: BaseException | None = None
     failure: str | None = None
+    reported: bool = False  # its span ended and the observers were told
     started: float = field(default=0.0)
     task: asyncio.Task[None] | None = None
     in_handler: bool = False
@@ -84,6 +92,20 @@ class Held:
         self.duration = time.perf_counter() - self.started
         if error is not None:
             self.error = error
+
+    def report(self, observers: Observers) -> None:
+        """The attempt is over: end its span and tell ``observers`` how it ended (its
+        ``outcome``, else ``released`` or ``lost``); once, later calls do nothing."""
+        if self.reported:
+            return
+        self.reported = True
+        outcome = self.outcome or self.gone_as
+        if self.span is not None:
+            if self.error is not None and outcome in ("failed", "discarded"):
+                self.span.record_error(self.error)
+            self.span.end(outcome, error=self.failure)
+        if observers:
+            observers.step_ended(self.step, outcome, self.duration)
 
     def active(self) -> contextlib.AbstractContextManager[None]:
         """The attempt's span current in this block (nothing when tracing is off)."""
@@ -152,6 +174,45 @@ def failure_of(
     return decide_failure(
         step, error, retry=handler.retry, no_retry=handler.no_retry, error_kind=kind
     )
+
+
+async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
+    """On the event loop: run an ``async def`` handler under the step's timeout.
+
+    Returns its :class:`StepOutcome`, or ``None`` when the worker cancelled it because
+    the step is no longer held (lease lost, released at shutdown).
+    """
+    step, ctx = held.step, held.ctx
+    timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
+    held.handler_started()
+    error: BaseException | None = None
+    try:
+        if step.input_error is not None:
+            raise Discard(step.input_error)
+        if timeout_cm is None:
+            value = await handler.fn(ctx, handler.codec.decode(step.input))
+        else:
+            async with timeout_cm:
+                value = await handler.fn(ctx, handler.codec.decode(step.input))
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if not held.gone or task is None:
+            raise
+        task.uncancel()
+        why = "released at shutdown" if held.released else "lease lost"
+        held.log.info("%s, handler cancelled", why)
+        return None
+    except Exception as exc:
+        error = exc
+        timed_out = (
+            not isinstance(exc, StepInterrupted) and timeout_cm is not None and timeout_cm.expired()
+        )
+        return decide_outcome(
+            handler, step, error=exc, not_held=held.gone or ctx.cancelled, timed_out=timed_out
+        )
+    finally:
+        held.handler_returned(error)
+    return decide_outcome(handler, step, value=value)
 
 
 def run_sync_handler(

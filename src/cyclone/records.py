@@ -161,7 +161,7 @@ class _StepCore:
 
 @dataclass(frozen=True, slots=True)
 class Step(_StepCore):
-    """A step (``cyclone_steps``) as ``list_steps`` returns it.
+    """A step (``cyclone_steps``) as ``list_steps`` and ``get_step`` return it.
 
     Attributes:
         id, run_id, node, kind, state, queue, priority: what the step is and where.
@@ -189,7 +189,7 @@ class Step(_StepCore):
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Step:
-        """Build from a ``steps_list`` row."""
+        """Build from a ``steps_list`` or ``steps_get`` row."""
         values = utc_times(row)
         values["state"] = StepState(values["state"])
         values["timeout"] = values.pop("timeout_s")

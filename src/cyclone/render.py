@@ -22,11 +22,13 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from cyclone.records import KindStats, QueueStats, Run, Schedule, StepInfo
+from cyclone.records import KindStats, QueueStats, Run, Schedule, Step, StepInfo
+from cyclone.states import StepState
 
 __all__ = [
     "ITEMS_SHOWN",
     "as_dict",
+    "executions",
     "kinds_table",
     "local_time",
     "queues_table",
@@ -35,6 +37,7 @@ __all__ = [
     "runs_table",
     "schedules_table",
     "seconds_text",
+    "step_view",
     "steps_table",
     "to_json",
 ]
@@ -44,7 +47,10 @@ ITEMS_SHOWN = 3
 _ITEMS_ALL = 8
 """A fan-out with at most this many items has every item listed."""
 _RESULT_CHARS = 500
-"""The run's result is shown up to this many characters (``--json`` has all of it)."""
+"""A run's result, and a step's input, output and error, are shown up to this many
+characters (``--json`` has all of them)."""
+_TRACEBACK_LINES = 12
+"""The last lines of a step's traceback shown (``--json`` has all of it)."""
 
 _STATE_STYLES = {
     "completed": "green",
@@ -81,6 +87,11 @@ def seconds_text(value: float | None) -> str:
     if value < 100:
         return f"{value:.1f} s"
     return f"{value:,.0f} s"
+
+
+def _cut(text: str) -> str:
+    """``text`` up to :data:`_RESULT_CHARS` characters, ``…`` marking a cut."""
+    return text if len(text) <= _RESULT_CHARS else text[:_RESULT_CHARS] + " …"
 
 
 def _first_line(text: str | None) -> str:
@@ -279,10 +290,7 @@ def _run_fields(run: Run) -> Table:
     if run.error is not None:
         rows.append(("error", Text(run.error, style="red")))
     if run.result is not None:
-        shown = json.dumps(run.result, ensure_ascii=False)
-        if len(shown) > _RESULT_CHARS:
-            shown = shown[:_RESULT_CHARS] + " …"
-        rows.append(("result", Text(shown)))
+        rows.append(("result", Text(_cut(json.dumps(run.result, ensure_ascii=False)))))
     for name, value in rows:
         grid.add_row(name, value)
     return grid
@@ -391,3 +399,67 @@ def run_view(run: Run, steps: Sequence[StepInfo], deps: Iterable[tuple[str, str]
     parts: list[RenderableType] = [_run_fields(run), Text("")]
     parts.append(run_tree(run, steps, deps) if steps else Text("no steps", style="dim"))
     return Group(*parts)
+
+
+# -- one step -------------------------------------------------------------------------
+
+
+def executions(step: Step) -> int:
+    """The attempts of ``step`` so far: its failed executions (``attempt``), plus the
+    one that is running or that completed it (as the ``attempt`` of the engine's log
+    lines counts them). A reclaim or a step given back is not an attempt; a node that
+    completes without a handler (a wait, a child run) counts none."""
+    current = step.state in (StepState.RUNNING, StepState.COMPLETED)
+    return step.attempt + (1 if current and step.started_at is not None else 0)
+
+
+def step_view(step: Step) -> Table:
+    """One step's fields: what and where it is, its state, ``attempt N of M``
+    (:func:`executions`), reclaims, lease, timestamps (local time), error and the last
+    lines of its traceback, input and output (JSON, cut at 500 characters)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rows: list[tuple[str, Text | str]] = [
+        ("step", str(step.id)),
+        ("run", str(step.run_id)),
+        ("node", Text(step.node)),
+        ("kind", Text(step.kind)),
+        ("queue", Text(step.queue)),
+        ("priority", str(step.priority)),
+        ("state", _state(step.state.value)),
+        ("attempt", f"{executions(step)} of {step.max_attempts}"),
+        ("reclaims", Text(str(step.reclaims), style="yellow" if step.reclaims else "")),
+    ]
+    if step.lease_owner is not None:
+        rows.append(("lease", Text(f"{step.lease_owner}, until {local_time(step.lease_expiry)}")))
+        rows.append(("heartbeat", local_time(step.heartbeat_at)))
+    rows += [
+        ("scheduled", local_time(step.scheduled_at)),
+        ("created", local_time(step.created_at)),
+        ("started", local_time(step.started_at)),
+        ("completed", local_time(step.completed_at)),
+    ]
+    if step.started_at is not None and step.completed_at is not None:
+        rows.append(("took", seconds_text((step.completed_at - step.started_at).total_seconds())))
+    for name, key in (("unique_key", step.unique_key), ("sequence_key", step.sequence_key)):
+        if key is not None:
+            rows.append((name, Text(key)))
+    if step.timeout is not None:
+        rows.append(("timeout", seconds_text(step.timeout)))
+    if step.error_kind is not None:
+        rows.append(("error_kind", Text(step.error_kind, style="red")))
+    if step.error is not None:
+        rows.append(("error", Text(_cut(step.error), style="red")))
+    if step.panic_stack:
+        lines = step.panic_stack.rstrip().splitlines()
+        shown = "\n".join(lines[-_TRACEBACK_LINES:])
+        if len(lines) > _TRACEBACK_LINES:
+            shown = f"… {len(lines) - _TRACEBACK_LINES} lines above\n{shown}"
+        rows.append(("traceback", Text(shown, style="dim")))
+    rows.append(("input", Text(_cut(json.dumps(step.input, ensure_ascii=False)))))
+    if step.state is StepState.COMPLETED:
+        rows.append(("output", Text(_cut(json.dumps(step.output, ensure_ascii=False)))))
+    for name, value in rows:
+        grid.add_row(name, value)
+    return grid

@@ -34,8 +34,7 @@ from cyclone.completer import MAX_BATCH, Completer
 from cyclone.completion import CompletionTx, TxSlots
 from cyclone.context import Context
 from cyclone.dbio import batch_async, fetch_async
-from cyclone.errors import Discard, StepInterrupted
-from cyclone.execute import Held, decide_outcome, failure_of, run_sync_handler
+from cyclone.execute import Held, failure_of, run_async_handler, run_sync_handler
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
@@ -171,6 +170,16 @@ class Worker:
         """Steps held right now."""
         return len(self._held)
 
+    @property
+    def load(self) -> dict[str, tuple[int, int]]:
+        """Per served queue, ``(slots, busy)``: its slots and those running a step now."""
+        return {q.name: (q.slots, q.busy) for q in self._queues.values()}
+
+    @property
+    def completion_tx_open(self) -> int:
+        """Completion transactions open right now (slots of ``tx_slots`` taken)."""
+        return self._slots.size - self._slots.free
+
     def hurry(self) -> None:
         """Cut the grace period of a stop in progress short: release what is held now."""
         self._hurry.set()
@@ -214,6 +223,8 @@ class Worker:
             for held in leftover:
                 if held.task is not None and self._handlers[held.step.kind].is_async:
                     held.task.cancel()
+                else:
+                    held.report(self._observers)  # its thread may outlive the process
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=1.0)
         await self._completer.close()
@@ -314,7 +325,7 @@ class Worker:
             held.log.exception("outcome could not be recorded")
             held.error = held.error or exc
         finally:
-            self._ended(held)
+            held.report(self._observers)
             held.finished = True
             self.heartbeats.drop(held.step)
             self._held.pop((held.step.id, held.step.owner), None)
@@ -326,45 +337,10 @@ class Worker:
             await self._run_async(handler, held, tx)
 
     async def _run_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
-        step, ctx = held.step, held.ctx
-        timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
-        held.handler_started()
         try:
-            error: BaseException | None = None
-            try:
-                if step.input_error is not None:
-                    raise Discard(step.input_error)
-                if timeout_cm is None:
-                    value = await handler.fn(ctx, handler.codec.decode(step.input))
-                else:
-                    async with timeout_cm:
-                        value = await handler.fn(ctx, handler.codec.decode(step.input))
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if not held.gone or task is None:
-                    raise
-                task.uncancel()
-                why = "released at shutdown" if held.released else "lease lost"
-                held.log.info("%s, handler cancelled", why)
+            outcome = await run_async_handler(handler, held)
+            if outcome is None:
                 return
-            except Exception as exc:
-                error = exc
-                timed_out = (
-                    not isinstance(exc, StepInterrupted)
-                    and timeout_cm is not None
-                    and timeout_cm.expired()
-                )
-                outcome = decide_outcome(
-                    handler,
-                    step,
-                    error=exc,
-                    not_held=held.gone or ctx.cancelled,
-                    timed_out=timed_out,
-                )
-            else:
-                outcome = decide_outcome(handler, step, value=value)
-            finally:
-                held.handler_returned(error)
             if outcome.dropped:
                 held.log.info("handler stopped, step not held")
             elif outcome.failure is not None:
@@ -476,16 +452,6 @@ class Worker:
         if await self._completer.fail(held.step, failure, held.log):
             held.outcome = "discarded" if failure.discard else "failed"
             held.failure = failure.error
-
-    def _ended(self, held: Held) -> None:
-        """The attempt of ``held`` is over: end its span and tell the observers how."""
-        outcome = held.outcome or held.gone_as
-        if held.span is not None:
-            if held.error is not None and outcome in ("failed", "discarded"):
-                held.span.record_error(held.error)
-            held.span.end(outcome, error=held.failure)
-        if self._observers:
-            self._observers.step_ended(held.step, outcome, held.duration)
 
     # -- heartbeats ----------------------------------------------------------------
 

@@ -316,3 +316,31 @@ async def test_a_producer_call_that_fails_records_it_on_its_span(
     assert span.kind == "PRODUCER" and span.status == "ERROR" and "exception" in span.events
     assert span.attributes["cyclone.run_id"] == 987654
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+async def test_queue_latency_counts_from_when_a_step_was_ready(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """``cyclone.queue_latency_ms`` of a root node is from its due time to its start,
+    and of a downstream node from its upstream's completion (not from the submit):
+    exactly what the database recorded, both read on the claim's clock."""
+    with capture() as captured:
+        async with cyclone.Client(
+            dsn, workflows=[chain()], poll_interval=0.05, purge_interval=None
+        ) as client:
+            run = await client.wait(await client.submit(chain(), 1), timeout=60)
+        spans = {s.attributes["cyclone.node"]: s for s in captured.named("cyclone.step tr_add")}
+    rows = db.execute(
+        "SELECT node, scheduled_at, started_at, completed_at FROM cyclone_steps WHERE run_id = %s",
+        (run.id,),
+    ).fetchall()
+    steps = {node: (scheduled, started, completed) for node, scheduled, started, completed in rows}
+    expected = {
+        "a": steps["a"][1] - steps["a"][0],
+        "b": steps["b"][1] - max(steps["b"][0], steps["a"][2]),
+        "c": steps["c"][1] - max(steps["c"][0], steps["b"][2]),
+    }
+    for node, waited in expected.items():
+        shown = spans[node].attributes["cyclone.queue_latency_ms"]
+        assert shown == pytest.approx(waited.total_seconds() * 1000, abs=0.002), node
+    assert steps["c"][0] < steps["b"][2]  # c was scheduled at the submit, long before

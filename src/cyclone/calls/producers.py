@@ -19,12 +19,11 @@ from cyclone.calls.effects import (
 )
 from cyclone.config import WakeupTracker
 from cyclone.dbio import Plan
-from cyclone.observability.tracing import producer_span
+from cyclone.observability.tracing import enqueue_attributes, producer_span, submit_attributes
 from cyclone.options import check_text
 from cyclone.payloads import PLAIN, encode_json
 from cyclone.producer import (
     EnqueueOptions,
-    EnqueueRequest,
     KindTarget,
     ManyOptions,
     enqueue_many_plan,
@@ -34,24 +33,11 @@ from cyclone.producer import (
 )
 from cyclone.records import Enqueued, RunRef, Submitted, run_id_of
 from cyclone.signals import signal_plan
-from cyclone.submit import SubmitOptions, SubmitRequest, submit_plan
+from cyclone.submit import SubmitOptions, submit_plan
 from cyclone.wakeups import Wakeups
 from cyclone.workflow import Workflow
 
 __all__ = ["ProducerCalls"]
-
-
-def _job_attributes(request: EnqueueRequest, count: int | None = None) -> dict[str, Any]:
-    """The attributes of an enqueue's producer span (``count``: runs of a batch)."""
-    attributes: dict[str, Any] = {"cyclone.kind": request.kind, "cyclone.queue": request.queue}
-    if count is not None:
-        attributes["cyclone.batch_size"] = count
-    return attributes
-
-
-def _run_attributes(request: SubmitRequest) -> dict[str, Any]:
-    """The attributes of a submit's producer span."""
-    return {"cyclone.workflow": request.workflow.name}
 
 
 def _nothing(value: Any) -> Plan[Any]:
@@ -91,7 +77,7 @@ class ProducerCalls(CallsCore):
             ConfigurationError: the schema is not installed.
         """
         request = self.config.request(kind, input, **options)
-        with producer_span(f"cyclone.enqueue {request.kind}", _job_attributes(request)) as span:
+        with producer_span(f"cyclone.enqueue {request.kind}", enqueue_attributes(request)) as span:
             request = request.traced(span.traceparent)
             if request.unique_key is None and request.submit_keys is None:
                 enqueued: Enqueued = yield EnqueueOne(request)
@@ -131,7 +117,7 @@ class ProducerCalls(CallsCore):
         if not inputs:
             return []
         handles: list[Enqueued]
-        attributes = _job_attributes(request, count=len(inputs))
+        attributes = enqueue_attributes(request, count=len(inputs))
         with producer_span(f"cyclone.enqueue {request.kind}", attributes) as span:
             request = request.traced(span.traceparent)
             if request.submit_keys is None:
@@ -164,7 +150,7 @@ class ProducerCalls(CallsCore):
             ValidationError: a bad input or option; nothing is written.
         """
         request = self.config.submit_request(workflow, input, **options)
-        with producer_span(f"cyclone.submit {workflow.name}", _run_attributes(request)) as span:
+        with producer_span(f"cyclone.submit {workflow.name}", submit_attributes(request)) as span:
             request = request.traced(span.traceparent)
             result: Submitted = yield Own(submit_plan(request))
             span.set("cyclone.run_id", result.run_id)
@@ -219,7 +205,7 @@ class ProducerCalls(CallsCore):
             StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, input, **options)
-        with producer_span(f"cyclone.enqueue {request.kind}", _job_attributes(request)) as span:
+        with producer_span(f"cyclone.enqueue {request.kind}", enqueue_attributes(request)) as span:
             request = request.traced(span.traceparent)
             result: Enqueued = yield Joined(conn, enqueue_plan(request))
             span.set("cyclone.run_id", result.run_id)
@@ -239,7 +225,7 @@ class ProducerCalls(CallsCore):
             StateError: as :meth:`enqueue`.
         """
         request = self.config.request(kind, inputs, many=True, **options)
-        attributes = _job_attributes(request, count=len(inputs))
+        attributes = enqueue_attributes(request, count=len(inputs))
         with producer_span(f"cyclone.enqueue {request.kind}", attributes) as span:
             request = request.traced(span.traceparent)
             plan = enqueue_many_plan(request) if inputs else _nothing([])
@@ -264,7 +250,7 @@ class ProducerCalls(CallsCore):
                 :meth:`enqueue_tx`).
         """
         request = self.config.submit_request(workflow, input, **options)
-        with producer_span(f"cyclone.submit {workflow.name}", _run_attributes(request)) as span:
+        with producer_span(f"cyclone.submit {workflow.name}", submit_attributes(request)) as span:
             request = request.traced(span.traceparent)
             result: Submitted = yield Joined(conn, submit_plan(request))
             span.set("cyclone.run_id", result.run_id)

@@ -9,7 +9,7 @@ from cyclone.calls.effects import Announce, CallsCore, Own, Script, fetch, fetch
 from cyclone.config import list_runs_params
 from cyclone.control import Outcome, cancel_plan, pause_plan, resume_plan, retry_plan
 from cyclone.dbio import Plan, Stmt
-from cyclone.options import Duration, check_text, seconds
+from cyclone.options import Duration, check_int, check_text, seconds
 from cyclone.records import QueueStats, Run, RunRef, Step, run_id_of
 from cyclone.scanners.purge import PURGE_BATCH, purge_plan
 from cyclone.sql import Q
@@ -77,6 +77,20 @@ class RunCalls(CallsCore):
         """
         steps: list[Step] = yield Own(fetch(Stmt(Q.steps_list, {"run_id": run_id_of(run)})))
         return steps
+
+    @twin
+    def get_step(self, step_id: int) -> Script[Step]:
+        """One step by its id (the ``step_id`` of a job handle, of ``ctx`` or of an
+        engine log line), as :meth:`list_steps` shows it.
+
+        Raises:
+            NotFoundError: no step has that id.
+            ValidationError: ``step_id`` is not a positive integer.
+        """
+        check_int(step_id, "step id", 1, 2**63 - 1)
+        plan = fetch_one(Stmt(Q.steps_get, {"step_id": step_id}), f"step {step_id} does not exist")
+        found: Step = yield Own(plan)
+        return found
 
     @twin
     def cancel(self, run: RunRef) -> Script[None]:

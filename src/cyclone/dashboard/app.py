@@ -25,7 +25,7 @@ from starlette.templating import Jinja2Templates
 
 from cyclone.client import Client
 from cyclone.connections import ConnectionSettings, client_connections
-from cyclone.dashboard import api, pages
+from cyclone.dashboard import api, metrics, pages
 from cyclone.dashboard.filters import install_filters
 from cyclone.dashboard.queries import Reader
 from cyclone.dashboard.security import Guard, SecurityConfig
@@ -168,6 +168,7 @@ def create_app(
     routes = [
         *pages.routes(),
         *api.routes(),
+        *metrics.routes(),
         Mount("/static", app=static, name="static"),
     ]
     app = Starlette(

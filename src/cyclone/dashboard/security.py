@@ -11,8 +11,8 @@
    when the browser says it is cross-site (``Sec-Fetch-Site``). So no other site can
    make a browser POST here, token or not (403).
 3. **Token.** With a token, every request but the login page and the static files
-   needs ``Authorization: Bearer <token>`` or the login cookie (401 for the API and
-   POSTs; a redirect to the login page for a page).
+   needs ``Authorization: Bearer <token>`` or the login cookie (401 for the API,
+   ``/metrics`` and POSTs; a redirect to the login page for a page).
 4. **Headers.** Every response gets a strict Content-Security-Policy (no inline
    script or style, nothing from another origin, no framing), ``nosniff``,
    ``same-origin`` referrers (with ``no-referrer`` a browser sends ``Origin: null``
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,6 +37,8 @@ from urllib.parse import quote, urlsplit
 from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cyclone.hosts import is_loopback
 
 __all__ = [
     "CSP",
@@ -64,19 +65,6 @@ CSP = (
 """The Content-Security-Policy of every response."""
 _PUBLIC = ("/login", "/static/")
 """Paths (under the app's root) served without the token."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or address to bind) is a loopback one: ``localhost``, or
-    an address of 127.0.0.0/8 or ``::1`` (a name that merely starts with ``127.`` is
-    not: it may resolve anywhere)."""
-    name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def host_name(header: str) -> str:
@@ -239,7 +227,7 @@ class Guard:
 
     async def _unauthorised(self, scope: Scope, send: Send, path: str, method: str) -> None:
         root = scope.get("root_path", "")
-        if method == "GET" and not path.startswith("/api/"):
+        if method == "GET" and not path.startswith("/api/") and path != "/metrics":
             query = scope.get("query_string", b"").decode("latin-1")
             target = root + path + (f"?{query}" if query else "")
             location = f"{root}/login?next={quote(target, safe='')}"

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from cyclone.transitions import Claimed
+from typing import Any, Protocol
 
 __all__ = [
     "LOG_FORMATS",
     "STEP_FIELDS",
     "TEXT_FORMAT",
+    "StepLike",
     "StepLog",
     "configure_logging",
     "json_formatter",
@@ -37,23 +35,45 @@ STEP_FIELDS = ("run_id", "step_id", "node", "kind", "queue", "attempt")
 number, 1 on the first try)."""
 
 
-def step_fields(step: Claimed) -> dict[str, Any]:
-    """The :data:`STEP_FIELDS` of ``step``, as a logging ``extra`` mapping."""
-    return {
+class StepLike(Protocol):
+    """What a log line needs of a step: a claimed step, or a row that names one (one
+    that also has ``queue`` and ``attempt`` gives those too)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def run_id(self) -> int: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+def step_fields(step: StepLike) -> dict[str, Any]:
+    """The :data:`STEP_FIELDS` of ``step`` it has, as a logging ``extra`` mapping."""
+    fields: dict[str, Any] = {
         "run_id": step.run_id,
         "step_id": step.id,
         "node": step.node,
         "kind": step.kind,
-        "queue": step.queue,
-        "attempt": step.attempt + 1,
     }
+    queue = getattr(step, "queue", None)
+    if queue is not None:
+        fields["queue"] = queue
+    attempt = getattr(step, "attempt", None)
+    if attempt is not None:
+        fields["attempt"] = attempt + 1
+    return fields
 
 
 class StepLog(logging.LoggerAdapter[logging.Logger]):
     """A logger for lines about one step: the prefix in the message, the fields in
     the record."""
 
-    def __init__(self, logger: logging.Logger, step: Claimed) -> None:
+    def __init__(self, logger: logging.Logger, step: StepLike) -> None:
         super().__init__(logger, step_fields(step))
         self._prefix = f"run {step.run_id} step {step.id} (node {step.node}, kind {step.kind})"
 
@@ -65,22 +85,22 @@ class StepLog(logging.LoggerAdapter[logging.Logger]):
         return f"{self._prefix}: {msg}", kwargs
 
 
-def step_log(logger: logging.Logger, step: Claimed) -> StepLog:
+def step_log(logger: logging.Logger, step: StepLike) -> StepLog:
     """``logger`` for lines about ``step`` (see :class:`StepLog`)."""
     return StepLog(logger, step)
 
 
 def json_formatter() -> logging.Formatter:
-    """A formatter that prints each record as one JSON object on one line: ``time``
-    (ISO 8601), ``level``, ``logger``, ``message``, the :data:`STEP_FIELDS` a record
-    about a step carries, any other ``extra`` field, and ``exc_info`` for an
-    exception."""
+    """A formatter that prints each record as one JSON object on one line:
+    ``level``, ``logger``, ``message``, the :data:`STEP_FIELDS` a record about a step
+    carries, any other ``extra`` field, ``exc_info`` for an exception, and ``time``
+    (ISO 8601 in UTC, to the microsecond)."""
     from pythonjsonlogger.json import JsonFormatter
 
     return JsonFormatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s",
-        rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-        datefmt="%Y-%m-%dT%H:%M:%S%z",
+        "%(levelname)s %(name)s %(message)s",
+        rename_fields={"levelname": "level", "name": "logger"},
+        timestamp="time",
         json_ensure_ascii=False,
     )
 

@@ -23,6 +23,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cyclone.producer import EnqueueRequest
+    from cyclone.submit import SubmitRequest
     from cyclone.transitions import Claimed
 
 __all__ = [
@@ -31,9 +33,11 @@ __all__ = [
     "StepSpan",
     "enabled",
     "engine_span",
+    "enqueue_attributes",
     "producer_span",
     "record_span",
     "step_span",
+    "submit_attributes",
     "traceparent_of_current",
 ]
 
@@ -90,6 +94,19 @@ def _parent_context(api: Any, traceparent: str | None) -> Any:
     if traceparent is None or not TRACEPARENT.match(traceparent):
         return None
     return api.propagator.extract({"traceparent": traceparent})
+
+
+def enqueue_attributes(request: EnqueueRequest, count: int | None = None) -> dict[str, Any]:
+    """The attributes of an enqueue's producer span (``count``: runs of a batch)."""
+    attributes: dict[str, Any] = {"cyclone.kind": request.kind, "cyclone.queue": request.queue}
+    if count is not None:
+        attributes["cyclone.batch_size"] = count
+    return attributes
+
+
+def submit_attributes(request: SubmitRequest) -> dict[str, Any]:
+    """The attributes of a submit's producer span."""
+    return {"cyclone.workflow": request.workflow.name}
 
 
 class Produced:

@@ -90,6 +90,13 @@ async def _start(conn: Any, node: ChildStartRow, child: CompiledWorkflow, done: 
     request = SubmitRequest.build(child, value, parent=(node.run_id, node.node))
     request = request.traced(node.traceparent)  # the child run joins its parent's trace
     sub = await run_plan_async(conn, submit_plan(request))
-    log.info("run %d node %r started child run %d", node.run_id, node.node, sub.run_id)
+    log.info(
+        "run %d step %d (node %s): started child run %d",
+        node.run_id,
+        node.id,
+        node.node,
+        sub.run_id,
+        extra={"run_id": node.run_id, "step_id": node.id, "node": node.node},
+    )
     done.wakeups |= Wakeups.of_queues(child.queues)
     done.changed += 1

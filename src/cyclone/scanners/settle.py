@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.graph import Advanced, Completion, advance_stmts, cancel_children_stmt, parse_advanced
+from cyclone.observability.logs import step_log
 from cyclone.sql import Q
 from cyclone.states import StepState
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
@@ -47,9 +48,10 @@ class Settlement:
         (``steps_discard_waiting``), then resolve its run (``graph_resolve_discard``)
         and cancel the child runs of what that ended; counted when the CAS held."""
         params = {"id": step.id, "waiting": waiting.value, "error_kind": error_kind, "error": error}
-        if not await fetch_async(conn, Stmt(Q.steps_discard_waiting, params)):
+        changed = await fetch_async(conn, Stmt(Q.steps_discard_waiting, params))
+        if not changed:
             return
-        log.warning("step %d of run %d discarded: %s", step.id, step.run_id, error)
+        step_log(log, changed[0]).warning("discarded: %s", error)
         resolve = Stmt(Q.graph_resolve_discard, {"run_id": step.run_id, "step_id": step.id})
         (outcome,) = await fetch_async(conn, resolve)
         if outcome.runs_failed or outcome.runs_completed:

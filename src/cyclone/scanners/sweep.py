@@ -21,10 +21,10 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.graph import parse_advanced
 from cyclone.observability.hooks import Observers
+from cyclone.observability.logs import step_log
 from cyclone.observability.tracing import record_span
 from cyclone.scanners.loop import Scanner
 from cyclone.sql import Q
-from cyclone.sql.rows import SweepRow
 from cyclone.transitions import reclaim_stmts
 from cyclone.wakeups import NO_WAKEUPS, Announcer, Wakeups
 
@@ -74,9 +74,7 @@ class Sweeper(Scanner):
                 ended = set(parse_advanced(results).finished)  # child runs ended
                 if results.of(Q.steps_reclaim_discard):
                     discarded += 1
-                    log.warning(
-                        "%s: discarded, reclaim limit reached", _about(row), extra=_fields(row)
-                    )
+                    step_log(log, row).warning("discarded: reclaim limit reached")
                     ended.add(row.run_id)
                     if self._observers:
                         self._observers.step_swept_discard(row.kind, row.queue)
@@ -84,7 +82,7 @@ class Sweeper(Scanner):
             elif back := results.of(Q.steps_reclaim):
                 reclaimed += 1
                 why = "timeout" if row.timed_out else "lease expired"
-                log.info("%s: reclaimed (%s)", _about(row), why, extra=_fields(row))
+                step_log(log, row).info("reclaimed (%s)", why)
                 self._announcer.announce(Wakeups.of_queues(step.queue for step in back))
                 if self._observers:
                     self._observers.step_reclaimed(row.kind, row.queue)
@@ -92,20 +90,6 @@ class Sweeper(Scanner):
             attributes = {"cyclone.reclaimed": reclaimed, "cyclone.discarded": discarded}
             record_span("cyclone.sweep", started_ns, attributes)
         return SweepResult(reclaimed=reclaimed, discarded=discarded)
-
-
-def _about(row: SweepRow) -> str:
-    return f"run {row.run_id} step {row.id} (node {row.node}, kind {row.kind})"
-
-
-def _fields(row: SweepRow) -> dict[str, Any]:
-    return {
-        "run_id": row.run_id,
-        "step_id": row.id,
-        "node": row.node,
-        "kind": row.kind,
-        "queue": row.queue,
-    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from cyclone.sql.rows import (
     ChildDoneRow,
     ChildStartRow,
     ClaimRow,
+    CountRow,
     DepRow,
     DiscardRow,
     EnqueuedRow,
@@ -71,6 +72,7 @@ from cyclone.sql.rows import (
     SignalRow,
     SignalTimeoutRow,
     StateRow,
+    StepNameRow,
     StepQueueRow,
     StepRunRow,
     SubmitKeyRow,
@@ -250,12 +252,13 @@ class Queries:
     steps_reclaim: Query[StepQueueRow]
     steps_reclaim_discard: Query[IdRow]
     steps_list: Query[Step]
+    steps_get: Query[Step]
     steps_tx_backend: Query[BackendRow]
     steps_end_tx_backend: Query[TerminatedRow]
     # waits.sql
     steps_timers_due: Query[StepRunRow]
     steps_signal_timeouts_due: Query[SignalTimeoutRow]
-    steps_discard_waiting: Query[IdRow]
+    steps_discard_waiting: Query[StepNameRow]
     steps_fan_outs_lock: Query[IdRow]
     steps_fan_outs_state: Query[FanOutRow]
     steps_release_items: Query[QueueRow]
@@ -322,6 +325,7 @@ class Queries:
     monitor_kinds: Query[KindStats]
     monitor_steps: Query[StepInfo]
     monitor_run_deps: Query[DepRow]
+    monitor_schedules_overdue: Query[CountRow]
     # dashboard.sql
     dashboard_queue_stats: Query[QueueStats]
     dashboard_active_runs: Query[ActiveRunsRow]

@@ -44,3 +44,19 @@ CASE
         SELECT 1 FROM cyclone_step_inputs i
         WHERE i.run_id = s.run_id AND i.node = s.node) THEN NULL
     ELSE coalesce(s.input, r.input) END
+
+
+-- fragment: step_record
+-- A step as a cyclone.Step reads it (steps_list, steps_get), from step s of run r; the
+-- statement adds its WHERE (and ORDER BY).
+SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
+       -- use: step_input_shown
+           AS input,
+       s.output, s.attempt, s.max_attempts,
+       s.error, s.error_kind, s.panic_stack, s.reclaims, s.lease_owner, s.lease_expiry,
+       s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
+       s.completed_at, s.unique_key, s.sequence_key,
+       extract(epoch FROM s.timeout)::float8 AS timeout_s,
+       extract(epoch FROM s.retention)::float8 AS retention_s
+FROM cyclone_steps s
+JOIN cyclone_runs r ON r.id = s.run_id

@@ -1,4 +1,5 @@
--- Read-only inspection for operators: the `cyclone` command and client statistics.
+-- Read-only inspection for operators: the `cyclone` command, client statistics and the
+-- database gauges of the Prometheus metrics (cyclone.observability).
 --
 -- Every statement here only reads, mostly through the monitoring views of the first
 -- migration (cyclone_v_steps, cyclone_v_kinds, cyclone_v_queues). Ages come back as
@@ -54,3 +55,13 @@ SELECT d.node, d.dep_node
 FROM cyclone_deps d
 WHERE d.run_id = %(run_id)s
 ORDER BY d.node, d.dep_node;
+
+
+-- name: monitor_schedules_overdue
+-- Enabled schedules whose next fire is more than a minute late by the database clock
+-- (what `cyclone schedules` marks overdue): no running client fires them. From
+-- idx_schedules_due.
+SELECT count(*) AS total
+FROM cyclone_schedules c
+WHERE c.enabled
+  AND c.next_run_at < now() - interval '1 minute';

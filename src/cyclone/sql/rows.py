@@ -21,6 +21,7 @@ __all__ = [
     "ChildDoneRow",
     "ChildStartRow",
     "ClaimRow",
+    "CountRow",
     "DepRow",
     "DiscardRow",
     "EnqueuedRow",
@@ -46,6 +47,7 @@ __all__ = [
     "SignalRow",
     "SignalTimeoutRow",
     "StateRow",
+    "StepNameRow",
     "StepQueueRow",
     "StepRunRow",
     "SubmitKeyRow",
@@ -75,6 +77,16 @@ class StepRunRow(NamedTuple):
 
     id: int
     run_id: int
+
+
+class StepNameRow(NamedTuple):
+    """A step a statement changed, with what a log line names of it."""
+
+    id: int
+    run_id: int
+    node: str
+    kind: str
+    queue: str
 
 
 class StepQueueRow(NamedTuple):
@@ -414,3 +426,9 @@ class DepRow(NamedTuple):
 
     node: str
     dep_node: str
+
+
+class CountRow(NamedTuple):
+    """How many rows a statement counted."""
+
+    total: int

@@ -77,8 +77,11 @@ FROM cyclone_step_inputs i
 -- (input_from) and its input bindings (binding_nodes and binding_modes, aligned, in slot
 -- order), which the worker resolves from upstream outputs; a standalone job
 -- (def_version 'job') skips that lookup. Each step also returns what its trace span
--- needs: its reclaims, its run's trace context and how long it waited since it was
--- ready (now() - scheduled_at: a step made available is scheduled at that moment).
+-- and metrics need: its reclaims, its run's trace context and how long it waited since
+-- it was ready: since it was due (scheduled_at), and for a workflow step since its last
+-- upstream step completed if that came later (a node keeps the scheduled_at of its
+-- submit while it waits for its dependencies): two index probes per dependency, as
+-- the advance that made it available paid.
 -- The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
@@ -149,7 +152,13 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
           c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent,
-          extract(epoch FROM now() - s.scheduled_at)::float8 AS queue_latency_s;
+          extract(epoch FROM now() - CASE WHEN c.def_version = 'job' THEN s.scheduled_at
+              ELSE greatest(s.scheduled_at, (
+                  SELECT max(p.completed_at)
+                  FROM cyclone_deps d
+                  JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
+                  WHERE d.run_id = s.run_id AND d.node = s.node)) END
+          )::float8 AS queue_latency_s;
 
 
 -- name: steps_sequence_lock
@@ -398,19 +407,16 @@ RETURNING id;
 -- Every step of one run, in insertion order (topological, then definition order). The
 -- input shown is the constant or the run input; for a data edge the upstream output
 -- once it exists; for a fan-in (cyclone_step_inputs) nothing.
-SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
-       -- use: step_input_shown
-           AS input,
-       s.output, s.attempt, s.max_attempts,
-       s.error, s.error_kind, s.panic_stack, s.reclaims, s.lease_owner, s.lease_expiry,
-       s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
-       s.completed_at, s.unique_key, s.sequence_key,
-       extract(epoch FROM s.timeout)::float8 AS timeout_s,
-       extract(epoch FROM s.retention)::float8 AS retention_s
-FROM cyclone_steps s
-JOIN cyclone_runs r ON r.id = s.run_id
+-- use: step_record
 WHERE s.run_id = %(run_id)s
 ORDER BY s.id;
+
+
+-- name: steps_get
+-- One step by its id (the step_id of a handle, a context or a log line), as steps_list
+-- shows it; no row for an unknown id. By the primary key.
+-- use: step_record
+WHERE s.id = %(step_id)s;
 
 
 -- name: steps_tx_backend

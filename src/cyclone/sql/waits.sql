@@ -64,7 +64,7 @@ WHERE id = %(id)s
   AND state = %(waiting)s::text
   AND (state <> 'waiting_signal' OR (wait_for IS NOT NULL AND scheduled_at <= now()))
   AND (state <> 'pending' OR fan_out_parallel IS NOT NULL)
-RETURNING id;
+RETURNING id, run_id, node, kind, queue;
 
 
 -- name: steps_fan_outs_lock

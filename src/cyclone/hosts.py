@@ -1,0 +1,25 @@
+"""Which addresses to bind keep a server on this machine.
+
+Pure, with no third-party import: the dashboard (:mod:`cyclone.dashboard.security`)
+and the metrics endpoint (:mod:`cyclone.observability.serve`) both refuse to bind
+anything else without a token.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+__all__ = ["is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or address to bind) is a loopback one: ``localhost``, or
+    an address of 127.0.0.0/8 or ``::1`` (a name that merely starts with ``127.`` is
+    not: it may resolve anywhere)."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
