@@ -25,7 +25,7 @@ from cyclone.errors import Discard, StepInterrupted
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.observability.hooks import Observers, Outcome
-from cyclone.observability.logs import StepLog
+from cyclone.observability.logs import StepLog, step_log
 from cyclone.observability.tracing import StepSpan
 from cyclone.payloads import encode_json
 from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
@@ -46,15 +46,13 @@ log = logging.getLogger("cyclone.worker")
 class Held:
     """A step this worker holds, from claim until its outcome is written.
 
-    ``span`` is the attempt's trace span (``None`` when tracing is off), ``log`` the
-    logger of lines about the step; ``outcome``, once known, how the attempt ended;
-    ``duration`` the seconds its handler ran; ``error`` the exception it raised and
-    ``failure`` the error recorded for it.
+    ``span`` is the attempt's trace span (``None`` when tracing is off); ``outcome``,
+    once known, how the attempt ended; ``duration`` the seconds its handler ran;
+    ``error`` the exception it raised and ``failure`` the error recorded for it.
     """
 
     step: Claimed
     ctx: Context
-    log: StepLog
     span: StepSpan | None = None
     outcome: Outcome | None = None
     duration: float | None = None
@@ -62,6 +60,7 @@ class Held:
     failure: str | None = None
     reported: bool = False  # its span ended and the observers were told
     started: float = field(default=0.0)
+    _log: StepLog | None = None
     task: asyncio.Task[None] | None = None
     in_handler: bool = False
     completing: bool = False  # the handler returned; its outcome is being written
@@ -74,6 +73,13 @@ class Held:
         """The step is no longer this worker's: its lease was lost, or it was given
         back at shutdown."""
         return self.lost or self.released
+
+    @property
+    def log(self) -> StepLog:
+        """The logger of lines about this step (made when first needed)."""
+        if self._log is None:
+            self._log = step_log(log, self.step)
+        return self._log
 
     @property
     def gone_as(self) -> Outcome:

@@ -305,7 +305,7 @@ class Worker:
             build_request=self._build_request,
             build_submit=self._build_submit,
         )
-        held = Held(step, ctx, step_log(log, step), step_span(step))
+        held = Held(step, ctx, step_span(step))
         if self._observers:
             self._observers.step_claimed(step)
         self._held[step.id, step.owner] = held

@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cyclone.errors import ConfigurationError
 from cyclone.observability.hooks import Observer, Outcome
@@ -129,6 +129,17 @@ def prometheus() -> ModuleType:
     return prometheus_client
 
 
+class _Children(NamedTuple):
+    """The series of one ``(kind, queue)`` (``prometheus_client`` children)."""
+
+    claimed: Any
+    completed: Any
+    failed: Any
+    discarded: Any
+    duration: Any
+    queue_latency: Any
+
+
 class StepMetrics(Observer):
     """The step counters and histograms of one registry, fed by the engine's events.
 
@@ -160,6 +171,22 @@ class StepMetrics(Observer):
         }
         self.duration = histograms["cyclone_step_duration_seconds"]
         self.queue_latency = histograms["cyclone_step_queue_latency_seconds"]
+        self._children: dict[tuple[str, str], _Children] = {}
+
+    def _of(self, kind: str, queue: str) -> _Children:
+        """The labelled series of ``(kind, queue)``, looked up once."""
+        children = self._children.get((kind, queue))
+        if children is None:
+            children = _Children(
+                claimed=self.claimed.labels(kind, queue),
+                completed=self.completed.labels(kind, queue),
+                failed=self.failed.labels(kind, queue),
+                discarded=self.discarded.labels(kind, queue),
+                duration=self.duration.labels(kind, queue),
+                queue_latency=self.queue_latency.labels(kind, queue),
+            )
+            self._children[kind, queue] = children
+        return children
 
     def prepare(self, pairs: Iterable[tuple[str, str]]) -> None:
         """Start the counters of each ``(kind, queue)`` at 0, so that a rate over them
@@ -170,21 +197,22 @@ class StepMetrics(Observer):
 
     def step_claimed(self, step: Claimed) -> None:
         """Count the claim; observe its queue latency (seconds, ready to claim)."""
-        self.claimed.labels(step.kind, step.queue).inc()
-        self.queue_latency.labels(step.kind, step.queue).observe(max(0.0, step.queue_latency))
+        children = self._of(step.kind, step.queue)
+        children.claimed.inc()
+        children.queue_latency.observe(max(0.0, step.queue_latency))
 
     def step_ended(self, step: Claimed, outcome: Outcome, duration: float | None) -> None:
         """Count the outcome (a discard is also a failed attempt); observe the handler's
         seconds when it returned."""
-        pair = (step.kind, step.queue)
+        children = self._of(step.kind, step.queue)
         if outcome == "completed":
-            self.completed.labels(*pair).inc()
+            children.completed.inc()
         elif outcome in ("failed", "discarded"):
-            self.failed.labels(*pair).inc()
+            children.failed.inc()
             if outcome == "discarded":
-                self.discarded.labels(*pair).inc()
+                children.discarded.inc()
         if duration is not None:
-            self.duration.labels(*pair).observe(max(0.0, duration))
+            children.duration.observe(max(0.0, duration))
 
     def step_reclaimed(self, kind: str, queue: str) -> None:
         """Count a reclaim by this client's sweep."""
