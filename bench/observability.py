@@ -133,6 +133,7 @@ def enqueue_rate(dsn: str, mode: str, count: int) -> float:
 
 
 async def run(args: argparse.Namespace) -> None:
+    """Measure every mode of ``args.modes`` ``args.repeats`` times; print the table."""
     figures: dict[str, dict[str, list[float]]] = {
         m: {"enqueue": [], "drain": [], "cpu": []} for m in MODES
     }
@@ -209,6 +210,7 @@ def report(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m bench.observability``: see the module."""
     parser = argparse.ArgumentParser(
         prog="python -m bench.observability",
         description=__doc__.split("\n\n")[0] if __doc__ else None,

@@ -39,7 +39,7 @@ log = logging.getLogger("cyclone.worker")
 MAX_FOREIGN_VERSIONS = 1000
 """Foreign def_versions a worker remembers (and its claim skips)."""
 
-Release = Callable[[list[Claimed], str], Awaitable[None]]
+Release = Callable[[list[Claimed], str], Awaitable[object]]
 """Gives claimed steps back (``why`` for the log) without counting a reclaim."""
 
 
@@ -55,6 +55,7 @@ class Claimer:
         lease_pool: AsyncConnectionPool[Any],
         workflows: Mapping[str, list[str]],
         parents: Collection[str] = (),
+        measure: Callable[[], bool] = lambda: False,
     ) -> None:
         self._owner = owner
         self._lease_ttl = lease_ttl
@@ -65,6 +66,7 @@ class Claimer:
         self._parents = frozenset(parents)  # def_versions with child nodes
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self._serial = 0
+        self._measure = measure  # whether a claim computes workflow steps' ready time
         self.outputs = OutputCache()
         """Upstream outputs read to assemble data-edge inputs (by (run id, node))."""
 
@@ -94,6 +96,7 @@ class Claimer:
             ttl=self._lease_ttl,
             limit=limit,
             foreign=self._foreign,
+            latency=self._measure(),
         )
         async with self._lease_pool.connection() as conn:
             claimed = parse_claimed(await fetch_async(conn, stmt), queue, owner, self._parents)

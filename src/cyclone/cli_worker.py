@@ -146,7 +146,8 @@ def _start_metrics(
         raise click.ClickException(
             f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
         ) from None
-    click.echo(f"metrics on {server.url}")
+    click.echo(f"metrics on {server.url}")  # for a person at the terminal
+    log.info("metrics on %s", server.url, extra={"metrics_url": server.url})  # for a log pipeline
     return server
 
 

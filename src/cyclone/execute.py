@@ -26,7 +26,7 @@ from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.observability.hooks import Observers, Outcome
 from cyclone.observability.logs import StepLog, step_log
-from cyclone.observability.tracing import StepSpan
+from cyclone.observability.tracing import StepSpan, engine_span
 from cyclone.payloads import encode_json
 from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
 
@@ -91,12 +91,15 @@ class Held:
         self.in_handler = True
         self.started = time.perf_counter()
 
-    def handler_returned(self, error: BaseException | None = None) -> None:
-        """The handler returned (or raised ``error``): its duration is known."""
+    def handler_returned(self, error: BaseException | None = None, *, ran: bool = True) -> None:
+        """The handler returned (or raised ``error``): its duration is known (unless it
+        did not run to its end: ``ran=False``, cancelled because the step was no longer
+        held). An error recorded before (a timeout) is kept."""
         self.in_handler = False
         self.completing = True
-        self.duration = time.perf_counter() - self.started
-        if error is not None:
+        if ran:
+            self.duration = time.perf_counter() - self.started
+        if error is not None and self.error is None:
             self.error = error
 
     def report(self, observers: Observers) -> None:
@@ -192,6 +195,7 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
     timeout_cm = asyncio.timeout(step.timeout) if step.timeout is not None else None
     held.handler_started()
     error: BaseException | None = None
+    ran = True
     try:
         if step.input_error is not None:
             raise Discard(step.input_error)
@@ -205,6 +209,7 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
         if not held.gone or task is None:
             raise
         task.uncancel()
+        ran = False
         why = "released at shutdown" if held.released else "lease lost"
         held.log.info("%s, handler cancelled", why)
         return None
@@ -217,7 +222,7 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
             handler, step, error=exc, not_held=held.gone or ctx.cancelled, timed_out=timed_out
         )
     finally:
-        held.handler_returned(error)
+        held.handler_returned(error, ran=ran)
     return decide_outcome(handler, step, value=value)
 
 
@@ -259,12 +264,13 @@ def _run_sync_handler(
             return None
         assert tx.sync_conn is not None
         try:
-            stmts = complete_stmts([(step, outcome.output)])
-            advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False))
-            if step.id not in advanced.done:
-                slog.info("stale completion rolled back")
-                return None
-            tx.close_sync(commit=True)
+            with engine_span("cyclone.completion_tx.commit", root=False):
+                stmts = complete_stmts([(step, outcome.output)])
+                advanced = parse_advanced(batch_sync(tx.sync_conn, stmts, transaction=False))
+                if step.id not in advanced.done:
+                    slog.info("stale completion rolled back")
+                    return None
+                tx.close_sync(commit=True)
         except StepInterrupted:  # the engine ended the transaction: nothing committed
             slog.info("timed out before its commit")
             return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 
-__all__ = ["is_loopback"]
+__all__ = ["host_name", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -23,3 +23,12 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def host_name(header: str) -> str:
+    """The host of a ``Host`` header without its port, lower case (``[::1]:8484`` ->
+    ``::1``)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header

@@ -109,13 +109,16 @@ def claim_stmt(
     limit: int,
     timeouts: Sequence[float | None] | None = None,
     foreign: Sequence[str] = (),
+    latency: bool = False,
 ) -> Stmt[ClaimRow]:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
     ``limit`` must be one of :data:`cyclone.sql.CLAIM_LIMITS` (:func:`claim_limit` picks
     one). ``timeouts`` (seconds, aligned with ``kinds``) are the kinds' declared
     timeouts, applied to a claimed step that has none. Steps of runs whose def_version
-    is in ``foreign`` are skipped.
+    is in ``foreign`` are skipped. With ``latency``, a workflow step's queue latency
+    counts from its last upstream completion (a few index probes per dependency);
+    without, from its ``scheduled_at``.
     """
     return Stmt(
         claim_sql(limit),
@@ -126,6 +129,7 @@ def claim_stmt(
             "owner": owner,
             "ttl_us": micros(ttl),
             "foreign": list(foreign),
+            "latency": latency,
         },
     )
 

@@ -40,6 +40,7 @@ from cyclone.handlers import Handler
 from cyclone.heartbeats import Heartbeats
 from cyclone.observability.hooks import Observers
 from cyclone.observability.logs import step_log
+from cyclone.observability.tracing import enabled as tracing_enabled
 from cyclone.observability.tracing import engine_span, record_span, step_span
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import error_backoff
@@ -117,6 +118,7 @@ class Worker:
             lease_pool=lease_pool,
             workflows=workflows or {},
             parents=parents,
+            measure=self._measuring,
         )
         self.outputs = self._claimer.outputs
         """Upstream outputs read to assemble data-edge inputs (the claimer's cache)."""
@@ -147,6 +149,10 @@ class Worker:
         """Claim statements that failed so far."""
         self.heartbeats = Heartbeats(lease_pool, ttl=settings.lease_ttl, lost=self._lease_lost)
         """The lease renewals of the steps held (its counters tell what it sent)."""
+
+    def _measuring(self) -> bool:
+        """True when something reads steps' queue latency (observers or tracing)."""
+        return bool(self._observers) or tracing_enabled()
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -219,11 +225,13 @@ class Worker:
                 held.released = True
                 held.ctx._cancelled = True
                 self.heartbeats.drop(held.step)
-            await self._release([held.step for held in leftover])
+            released = await self._release([held.step for held in leftover])
             for held in leftover:
+                if held.step.id in released:
+                    held.outcome = "released"  # a write that came first keeps its outcome
                 if held.task is not None and self._handlers[held.step.kind].is_async:
                     held.task.cancel()
-                else:
+                elif held.step.id in released:
                     held.report(self._observers)  # its thread may outlive the process
             if self._tasks:
                 await asyncio.wait(set(self._tasks), timeout=1.0)
@@ -231,7 +239,9 @@ class Worker:
         await self.heartbeats.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _release(self, steps: list[Claimed], why: str = "at shutdown") -> None:
+    async def _release(self, steps: list[Claimed], why: str = "at shutdown") -> set[int]:
+        """Give ``steps`` back (no attempt, no reclaim counted); the ids given back (a
+        step whose outcome was written first is not)."""
         try:
             async with self._pool.connection() as conn:
                 rows = await fetch_async(conn, release_stmt(steps))
@@ -240,6 +250,7 @@ class Worker:
             for step in steps:
                 if step.id in released:
                     step_log(log, step).info("released %s", why)
+            return released
         except Exception as exc:
             log.warning(
                 "releasing %d steps failed; the sweep will reclaim them: %s (steps %s)",
@@ -247,6 +258,7 @@ class Worker:
                 exc,
                 ", ".join(f"run {s.run_id} step {s.id}" for s in steps),
             )
+            return set()
 
     # -- claiming ------------------------------------------------------------------
 
@@ -325,12 +337,12 @@ class Worker:
             held.log.exception("outcome could not be recorded")
             held.error = held.error or exc
         finally:
-            held.report(self._observers)
             held.finished = True
             self.heartbeats.drop(held.step)
             self._held.pop((held.step.id, held.step.owner), None)
             queue.busy -= 1
             queue.freed.set()
+            held.report(self._observers)
 
     async def _execute_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:
         with held.active():
@@ -377,8 +389,7 @@ class Worker:
             except Exception as error:  # the sweep and the CAS still fence the thread
                 held.log.warning("ending its transaction failed: %s", error)
             failure = failure_of(handler, step, TimeoutError(), timed_out=True)
-            if held.span is not None:
-                held.span.record_error(TimeoutError(failure.error))
+            held.error = TimeoutError(failure.error)  # recorded on the span if it counted
             await self._record_failure(held, failure)
             result = await future
         if isinstance(result, Advanced):  # committed in its transaction, even if it timed out

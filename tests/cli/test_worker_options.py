@@ -158,7 +158,6 @@ def test_metrics_port_0_serves_on_the_port_it_prints(
     """``--metrics-port 0``: the worker prints where it serves; a scrape there with the
     token has the worker's slots and, with ``--metrics-db``, the database's gauges; one
     without the token is refused."""
-    pytest.importorskip("prometheus_client")
     args = ("--metrics-port", "0", "--metrics-db", "--metrics-token", "s3cret")
     proc = start(dsn, tmp_path, *args)
     try:
@@ -189,7 +188,6 @@ def test_metrics_port_0_serves_on_the_port_it_prints(
 
 
 def test_a_metrics_port_in_use_is_one_line(dsn: str) -> None:
-    pytest.importorskip("prometheus_client")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -19,6 +19,7 @@ import pytest
 
 import cyclone
 from cyclone import RunState
+from cyclone.observability import Observer, Outcome
 from tests.apps.traced import add, chain, flaky
 from tests.helpers import ROOT, apoll_until, kill, poll_until, scalar, start_worker
 from tests.observability.spans import SpanRecord, capture, read_spans, tracer
@@ -344,3 +345,81 @@ async def test_queue_latency_counts_from_when_a_step_was_ready(
         shown = spans[node].attributes["cyclone.queue_latency_ms"]
         assert shown == pytest.approx(waited.total_seconds() * 1000, abs=0.002), node
     assert steps["c"][0] < steps["b"][2]  # c was scheduled at the submit, long before
+
+
+async def test_a_plain_def_handler_runs_inside_its_step_span(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """In a plain ``def`` handler (its own thread) the step span is current: a run it
+    enqueues in its completion transaction is traced under it, and the commit of that
+    transaction is a span of its own, a child of the step span."""
+
+    @cyclone.step("tr_sync_parent")
+    def sync_parent(ctx: cyclone.Context, value: Any) -> int:
+        return int(ctx.enqueue_completion(add, 1).run_id)
+
+    with capture() as captured:
+        async with cyclone.Client(
+            dsn, handlers=[sync_parent, add], poll_interval=0.05, purge_interval=None
+        ) as client:
+            run = await client.wait(await client.enqueue(sync_parent, None), timeout=60)
+            await client.wait(run.result, timeout=60)
+        step = _one(captured.all(), "cyclone.step tr_sync_parent")
+        inner = _one(captured.all(), "cyclone.enqueue tr_add")
+        commit = _one(captured.all(), "cyclone.completion_tx.commit")
+    assert inner.parent_id == step.span_id and inner.trace_id == step.trace_id
+    assert commit.parent_id == step.span_id and commit.trace_id == step.trace_id
+    assert _traceparent(db, run.result) == inner.ids
+
+
+class _Outcomes(Observer):
+    """Records each attempt's outcome."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[int, str]] = []
+        self.reclaimed: list[tuple[str, str]] = []
+
+    def step_ended(self, step: Any, outcome: Outcome, duration: float | None) -> None:
+        self.ended.append((step.id, outcome))
+
+    def step_reclaimed(self, kind: str, queue: str) -> None:
+        self.reclaimed.append((kind, queue))
+
+
+async def test_an_attempt_whose_lease_is_lost_ends_as_lost(
+    dsn: str, db: psycopg.Connection[Any]
+) -> None:
+    """A running step whose lease expires is reclaimed by the sweep; the heartbeat then
+    finds the lease gone and cancels the handler: its span and the observers say
+    ``lost``, and the sweep's reclaim is reported too."""
+    started = asyncio.Event()
+
+    @cyclone.step("tr_stuck", max_attempts=3)
+    async def stuck(ctx: cyclone.Context, value: Any) -> None:
+        if (
+            ctx.attempt == 0
+            and scalar(db, "SELECT reclaims FROM cyclone_steps WHERE id = %s", (ctx.step_id,)) == 0
+        ):
+            started.set()
+            await asyncio.Event().wait()
+
+    outcomes = _Outcomes()
+    with capture() as captured:
+        client = cyclone.Client(
+            dsn, handlers=[stuck], poll_interval=0.05, lease_ttl=1, purge_interval=None
+        )
+        client.observers.add(outcomes)
+        async with client:
+            run = await client.enqueue(stuck, None)
+            await asyncio.wait_for(started.wait(), timeout=30)
+            db.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1 second'")
+            sweeper = client.sweeper
+            assert sweeper is not None
+            assert (await sweeper.sweep_once()).reclaimed == 1
+            await client.wait(run, timeout=60)
+        spans = captured.named("cyclone.step tr_stuck")
+    # the second attempt may end before the heartbeat finds the first one's lease gone
+    by_reclaims = {s.attributes["cyclone.reclaims"]: s.attributes["cyclone.outcome"] for s in spans}
+    assert by_reclaims == {0: "lost", 1: "completed"}
+    assert sorted(outcome for _, outcome in outcomes.ended) == ["completed", "lost"]
+    assert outcomes.reclaimed == [("tr_stuck", "default")]

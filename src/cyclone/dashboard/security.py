@@ -38,7 +38,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cyclone.hosts import is_loopback
+from cyclone.hosts import host_name, is_loopback
 
 __all__ = [
     "CSP",
@@ -65,15 +65,6 @@ CSP = (
 """The Content-Security-Policy of every response."""
 _PUBLIC = ("/login", "/static/")
 """Paths (under the app's root) served without the token."""
-
-
-def host_name(header: str) -> str:
-    """The host of a ``Host`` header without its port, lower case (``[::1]:8484`` ->
-    ``::1``)."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,7 @@ class Observers:
         return iter(self._items)
 
     def step_claimed(self, step: Claimed) -> None:
+        """Tell every observer :meth:`Observer.step_claimed`."""
         for observer in self._items:
             try:
                 observer.step_claimed(step)
@@ -93,6 +94,7 @@ class Observers:
                 self._report(observer, "step_claimed", exc)
 
     def step_ended(self, step: Claimed, outcome: Outcome, duration: float | None) -> None:
+        """Tell every observer :meth:`Observer.step_ended`."""
         for observer in self._items:
             try:
                 observer.step_ended(step, outcome, duration)
@@ -100,6 +102,7 @@ class Observers:
                 self._report(observer, "step_ended", exc)
 
     def step_reclaimed(self, kind: str, queue: str) -> None:
+        """Tell every observer :meth:`Observer.step_reclaimed`."""
         for observer in self._items:
             try:
                 observer.step_reclaimed(kind, queue)
@@ -107,6 +110,7 @@ class Observers:
                 self._report(observer, "step_reclaimed", exc)
 
     def step_swept_discard(self, kind: str, queue: str) -> None:
+        """Tell every observer :meth:`Observer.step_swept_discard`."""
         for observer in self._items:
             try:
                 observer.step_swept_discard(kind, queue)

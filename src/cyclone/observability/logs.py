@@ -78,6 +78,8 @@ class StepLog(logging.LoggerAdapter[logging.Logger]):
         self._prefix = f"run {step.run_id} step {step.id} (node {step.node}, kind {step.kind})"
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
+        """Prefix ``msg`` with the step and add its fields to the record's ``extra``
+        (fields the call gives win)."""
         extra = kwargs.get("extra")
         kwargs["extra"] = (
             dict(self.extra or {}) if extra is None else {**(self.extra or {}), **extra}

@@ -31,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from cyclone.errors import ConfigurationError, ValidationError
-from cyclone.hosts import is_loopback
+from cyclone.hosts import host_name, is_loopback
 from cyclone.observability.metrics import prometheus
 
 if TYPE_CHECKING:
@@ -67,11 +67,22 @@ def _plain(
 def bearer_guard(app: WSGIApplication, token: str | None) -> WSGIApplication:
     """``app`` served at :data:`PATH` only (404 elsewhere), and, with a ``token``, only
     to requests carrying ``Authorization: Bearer <token>`` (401 otherwise; compared in
-    constant time, the token as UTF-8)."""
+    constant time, the token as UTF-8). Without a token (a loopback endpoint), only to
+    requests whose ``Host`` is a loopback name or address (421 otherwise): a web page
+    whose name was made to resolve to 127.0.0.1 cannot read it from a browser."""
     expected = token.encode() if token else None
 
     def guarded(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if expected is not None:
+        if expected is None:
+            host = str(environ.get("HTTP_HOST", ""))
+            if host and not is_loopback(host_name(host)):
+                return _plain(
+                    start_response,
+                    "421 Misdirected Request",
+                    f"host {host_name(host)!r} is not allowed: without a token this "
+                    "endpoint answers loopback names only\n",
+                )
+        else:
             # WSGI gives header values as latin-1 text: back to the bytes sent.
             sent = str(environ.get("HTTP_AUTHORIZATION", "")).encode("latin-1", "replace")
             if not (

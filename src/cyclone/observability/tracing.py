@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import time
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from cyclone.producer import EnqueueRequest
@@ -47,6 +48,31 @@ TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 _INSTRUMENTATION = "cyclone"
 
 
+log = logging.getLogger("cyclone.observability")
+
+_failed: set[str] = set()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _never_raises(fn: F) -> F:
+    """Make ``fn`` log (once per function) and return ``None`` instead of raising: a
+    span processor or exporter of the application's that fails must never disturb a
+    step or a claim."""
+
+    @functools.wraps(fn)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if fn.__name__ not in _failed:
+                _failed.add(fn.__name__)
+                log.warning("tracing failed in %s (reported once): %r", fn.__name__, exc)
+            return None
+
+    return guarded  # type: ignore[return-value]
+
+
 @functools.cache
 def _otel() -> Any:
     """The OpenTelemetry API modules, imported on first use; ``False`` when absent."""
@@ -59,17 +85,25 @@ def _otel() -> Any:
 
 
 class _Api:
-    __slots__ = ("context", "propagator", "trace")
+    __slots__ = ("_provider", "_tracer", "context", "propagator", "trace")
 
     def __init__(self, trace: Any, context: Any, propagator: Any) -> None:
         self.trace, self.context, self.propagator = trace, context, propagator
+        self._provider: Any = None
+        self._tracer: Any = None
 
     def tracer(self) -> Any:
-        """Cyclone's tracer, or ``None`` while no provider is set (tracing off)."""
+        """Cyclone's tracer, or ``None`` while no provider is set (tracing off); made
+        once per provider."""
         provider = self.trace.get_tracer_provider()
         if isinstance(provider, self.trace.ProxyTracerProvider):
             return None
-        return provider.get_tracer(_INSTRUMENTATION)
+        if provider is not self._provider:
+            from cyclone import __version__
+
+            self._tracer = provider.get_tracer(_INSTRUMENTATION, __version__)
+            self._provider = provider
+        return self._tracer
 
 
 def enabled() -> bool:
@@ -160,6 +194,7 @@ def engine_span(
         yield s
 
 
+@_never_raises
 def record_span(name: str, started_ns: int, attributes: Mapping[str, Any]) -> None:
     """A finished INTERNAL root span ``name`` from ``started_ns`` (``time.time_ns()``)
     to now: for work known to be worth a span only once done (a sweep that reclaimed)."""
@@ -189,10 +224,12 @@ class StepSpan:
         with self._api.trace.use_span(self._span, end_on_exit=False):
             yield
 
+    @_never_raises
     def record_error(self, error: BaseException) -> None:
         """Record ``error`` (an exception the handler raised) on the span."""
         self._span.record_exception(error)
 
+    @_never_raises
     def end(self, outcome: str, *, error: str | None = None) -> None:
         """Set ``cyclone.outcome`` and end the span (status ERROR for a failed or
         discarded attempt, with ``error`` as its description)."""
@@ -204,6 +241,7 @@ class StepSpan:
         span.end()
 
 
+@_never_raises
 def step_span(step: Claimed) -> StepSpan | None:
     """The span of the attempt of ``step`` about to run, or ``None`` when tracing is
     off."""

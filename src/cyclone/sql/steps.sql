@@ -81,7 +81,8 @@ FROM cyclone_step_inputs i
 -- it was ready: since it was due (scheduled_at), and for a workflow step since its last
 -- upstream step completed if that came later (a node keeps the scheduled_at of its
 -- submit while it waits for its dependencies): two index probes per dependency, as
--- the advance that made it available paid.
+-- the advance that made it available paid, and only when %(latency)s (tracing or
+-- metrics are on; otherwise a workflow step's figure is since its scheduled_at).
 -- The ORDER BY is exactly the order of
 -- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
 -- equal keys come in index (insertion) order.
@@ -152,7 +153,8 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
           c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent,
-          extract(epoch FROM now() - CASE WHEN c.def_version = 'job' THEN s.scheduled_at
+          extract(epoch FROM now() - CASE
+              WHEN c.def_version = 'job' OR NOT (SELECT %(latency)s::boolean) THEN s.scheduled_at
               ELSE greatest(s.scheduled_at, (
                   SELECT max(p.completed_at)
                   FROM cyclone_deps d
