@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import Stmt, batch_sync
@@ -151,8 +152,12 @@ class DatabaseCollector(Collector):
             raise ValidationError(f"max_age must be seconds, got {max_age!r}")
         if not 0 <= max_age <= 3600:
             raise ValidationError(f"max_age must be 0 to 3600 seconds, got {max_age!r}")
+        # A scrape must answer in seconds: the DSN's own connect_timeout (a worker's may
+        # be generous) gives way to CONNECT_TIMEOUT here (per host of a multi-host DSN).
+        params = conninfo_to_dict(conninfo)
+        params.pop("connect_timeout", None)
         self.settings = ConnectionSettings.build(
-            conninfo,
+            make_conninfo("", **params),
             schema=schema,
             pooler=pooler,
             connect_timeout=CONNECT_TIMEOUT,

@@ -9,6 +9,7 @@ JSON formatter (``cyclone worker --log-format json``) prints as keys.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import MutableMapping
 from typing import Any, Protocol
 
@@ -112,6 +113,9 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     (:data:`TEXT_FORMAT`) or as JSON objects (:func:`json_formatter`), replacing the
     root logger's handlers.
 
+    Warnings (``warnings.warn``) and exceptions that end a thread are logged through
+    the same handler.
+
     Raises:
         ValidationError: ``fmt`` is not one of :data:`LOG_FORMATS`.
     """
@@ -122,3 +126,18 @@ def configure_logging(level: str = "info", fmt: str = "text") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(json_formatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # what else reaches stderr goes through the same format: warnings, and exceptions
+    # that end a thread (one a handler started)
+    logging.captureWarnings(True)
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("cyclone").error(
+        "uncaught exception in thread %s",
+        name,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),  # type: ignore[arg-type]
+    )

@@ -45,12 +45,18 @@ default ports gives 9464 to OpenTelemetry's Prometheus exporter)."""
 PATH = "/metrics"
 """The one path served."""
 
+READ_TIMEOUT = 10.0
+"""Seconds a connection may stay silent (a request not sent, or sent byte by byte)
+before it is closed, so that idle connections cannot pile up threads and sockets."""
+
 
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scrape in flight never holds the process at exit
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT  # a connection that sends nothing gives its thread back
+
     def log_message(self, format: str, *args: Any) -> None:
         """No line per request (scrapes come every few seconds)."""
 
@@ -168,6 +174,10 @@ def start_metrics_server(
         OSError: the address cannot be bound (in use, not this machine's).
     """
     prom = prometheus()
+    token = token.strip() if token else None  # a secret file's newline is not the token
+    host = host.strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # [::1]: the URL form of an IPv6 address
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValidationError(f"port must be an integer from 0 to 65535, got {port!r}")
     if not token and not is_loopback(host):
