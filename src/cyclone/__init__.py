@@ -18,12 +18,14 @@ from cyclone.errors import (
     LeaseLost,
     NotFoundError,
     PoolTooSmallError,
+    Snooze,
     StateError,
     StepInterrupted,
     ValidationError,
     WaitTimeout,
     WorkflowError,
 )
+from cyclone.flow import ItemKey, KindLimits, RateLimit
 from cyclone.handlers import Handler, action, step
 from cyclone.migrate import migrate, migrate_async
 from cyclone.records import Enqueued, QueueStats, Run, Schedule, Step, Submitted
@@ -41,15 +43,19 @@ __all__ = [
     "Discard",
     "Enqueued",
     "Handler",
+    "ItemKey",
+    "KindLimits",
     "LeaseLost",
     "Node",
     "NotFoundError",
     "PoolTooSmallError",
     "QueueStats",
+    "RateLimit",
     "RetryPolicy",
     "Run",
     "RunState",
     "Schedule",
+    "Snooze",
     "StateError",
     "Step",
     "StepInterrupted",

@@ -22,8 +22,10 @@ from psycopg_pool import AsyncConnectionPool
 from cyclone.dbio import Stmt, batch_async, fetch_async
 from cyclone.handlers import Handler
 from cyclone.inputs import InputError, OutputCache, assemble, needed
+from cyclone.limits import LimitedKinds
 from cyclone.observability.logs import step_log
-from cyclone.sql import Q
+from cyclone.sql import Q, claim_limit, claim_limited_sql
+from cyclone.sql.rows import ClaimRow
 from cyclone.transitions import (
     Claimed,
     claim_stmt,
@@ -67,6 +69,8 @@ class Claimer:
         self._foreign: list[str] = []  # def_versions found foreign, skipped by the claim
         self._serial = 0
         self._measure = measure  # whether a claim computes workflow steps' ready time
+        self.limited = LimitedKinds(self._kinds)
+        """Which of this worker's kinds are limited (claimed by the limited claim)."""
         self.outputs = OutputCache()
         """Upstream outputs read to assemble data-edge inputs (by (run id, node))."""
 
@@ -88,18 +92,33 @@ class Claimer:
         # lost in a server crash and the same generation is issued again.
         self._serial += 1
         owner = f"{self._owner}/{self._serial}"
-        stmt = claim_stmt(
-            queue=queue,
-            kinds=self._kinds,
-            timeouts=self._kind_timeouts,
-            owner=owner,
-            ttl=self._lease_ttl,
-            limit=limit,
-            foreign=self._foreign,
-            latency=self._measure(),
-        )
+        latency = self._measure()
+
+        def plain(n: int) -> Stmt[ClaimRow]:
+            return claim_stmt(
+                queue=queue,
+                kinds=self._kinds,
+                timeouts=self._kind_timeouts,
+                owner=owner,
+                ttl=self._lease_ttl,
+                limit=claim_limit(n),
+                foreign=self._foreign,
+                latency=latency,
+            )
+
         async with self._lease_pool.connection() as conn:
-            claimed = parse_claimed(await fetch_async(conn, stmt), queue, owner, self._parents)
+            limited = await self.limited.refresh(conn)
+            # A queue shared by limited and other kinds: the two claims take turns
+            # going first, so neither can take every free slot claim after claim.
+            limited_first = bool(limited) and self._serial % 2 == 0
+            rows: list[ClaimRow] = []
+            if limited_first:
+                rows = await self._claim_limited(conn, plain(limit))
+            if len(rows) < limit:
+                rows += await fetch_async(conn, plain(limit - len(rows)))
+            if limited and not limited_first and len(rows) < limit:
+                rows += await self._claim_limited(conn, plain(limit - len(rows)))
+            claimed = parse_claimed(rows, queue, owner, self._parents)
             try:
                 sequenced = [step for step in claimed if step.sequence_key is not None]
                 if sequenced:
@@ -122,6 +141,28 @@ class Claimer:
                     await release(claimed, "after a failed claim")
                 raise
         return claimed
+
+    @staticmethod
+    async def _claim_limited(
+        conn: psycopg.AsyncConnection[Any], plain: Stmt[ClaimRow]
+    ) -> list[ClaimRow]:
+        """The claim of limited kinds, with the parameters and limit of ``plain`` (a
+        ``steps_claim``): ``steps_claim_limited`` locks the candidates and their
+        groups, then ``steps_claim_admit``, with a snapshot taken under those locks,
+        starts the ones with a free place and room in their bucket; one transaction,
+        one round trip (docs/flow-control.md)."""
+        params = plain.params
+        assert params is not None
+        select = Stmt(
+            claim_limited_sql(params["limit"]),
+            {k: params[k] for k in ("queue", "kinds", "foreign")},
+        )
+        admit = Stmt(
+            Q.steps_claim_admit,
+            {k: params[k] for k in ("owner", "ttl_us", "kinds", "timeouts_us", "latency")},
+        )
+        results = await batch_async(conn, [select, admit], transaction=True)
+        return results.of(Q.steps_claim_admit)
 
     async def _check_versions(
         self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]

@@ -6,7 +6,8 @@ Commands read the database from ``--dsn`` or the
 ``migrate`` and ``worker`` (:mod:`cyclone.cli_worker`) set up and run; ``runs``, ``run``,
 ``step``, ``steps``, ``queues`` and ``kinds`` inspect (tables through rich, or ``--json``;
 see :mod:`cyclone.render`); ``signal``, ``cancel``, ``pause``, ``resume`` and ``retry``
-act on one run through a :class:`SyncClient`; ``dashboard`` (:mod:`cyclone.cli_dashboard`)
+act on one run through a :class:`SyncClient`, ``queues pause`` and ``queues resume`` on
+one queue (:mod:`cyclone.cli_queues`); ``dashboard`` (:mod:`cyclone.cli_dashboard`)
 serves the web dashboard.
 """
 
@@ -36,6 +37,7 @@ from cyclone.cli_options import (
     limit_option,
     pooler_option,
 )
+from cyclone.cli_queues import queues
 from cyclone.cli_worker import load_client, worker
 from cyclone.connections import ConnectionSettings
 from cyclone.errors import CycloneError
@@ -234,32 +236,28 @@ def steps(
     _listing(found, as_json, render.steps_table, "no steps")
 
 
-def _stats_command(name: str, doc: str, read: Callable[[Any], Any], table: Any, empty: str) -> None:
-    """Register ``cyclone NAME [--json]``: ``read`` on a connection, shown by ``table``."""
-
-    @main.command(name, help=doc)
-    @connection_options
-    @json_option
-    def command(dsn: str, schema: str, as_json: bool) -> None:
-        with _database(dsn, schema) as db:
-            stats = db.read(read)
-        _listing(stats, as_json, table, empty)
-
-
-_stats_command(
-    "queues",
-    "Unfinished work per queue: available, running, waiting, oldest age, expired leases.",
-    monitor.queue_stats_sync,
-    render.queues_table,
-    "no unfinished steps in any queue",
+@main.command()
+@connection_options
+@json_option
+@click.option(
+    "--limits",
+    "only_limits",
+    is_flag=True,
+    help="Only the flow control each kind stored: max_concurrency, rate_limit, max_snoozes.",
 )
-_stats_command(
-    "kinds",
-    "Steps per kind and state, oldest available age, expired leases.",
-    monitor.kind_stats_sync,
-    render.kinds_table,
-    "no steps",
-)
+def kinds(dsn: str, schema: str, as_json: bool, only_limits: bool) -> None:
+    """Steps per kind and state, oldest available age, expired leases; then the flow
+    control each kind stored (written by the last client that registered it)."""
+    with _database(dsn, schema) as db:
+        stats = db.read(monitor.kind_stats_sync)
+        limits = db.read(monitor.kind_limits_sync)
+    if only_limits:
+        shown = [row._asdict() for row in limits] if as_json else limits
+        _listing(shown, as_json, render.limits_table, "no limits stored")
+        return
+    _listing(stats, as_json, render.kinds_table, "no steps")
+    if limits and not as_json:
+        _print(render.limits_table(limits))
 
 
 @main.command()
@@ -418,3 +416,4 @@ def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approv
 
 main.add_command(worker)
 main.add_command(dashboard)
+main.add_command(queues)

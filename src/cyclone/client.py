@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.calls.async_shell import AsyncShell
 from cyclone.calls.producers import ProducerCalls
+from cyclone.calls.queues import QueueCalls
 from cyclone.calls.runs import RunCalls
 from cyclone.calls.schedules import ScheduleCalls
 from cyclone.config import ClientConfig
@@ -71,7 +72,7 @@ def _owner_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls):
+class Client(AsyncShell, ProducerCalls, RunCalls, ScheduleCalls, QueueCalls):
     """The asyncio client: producer and inspection calls; workers when started.
 
     Args:

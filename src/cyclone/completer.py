@@ -4,7 +4,9 @@ Completions of steps without ``completion_tx()`` are written many per transactio
 each row with its own CAS on state, owner and lease generation. A batch goes out as
 soon as the previous one is written (up to two in flight), so a lone completion is not
 delayed and a busy worker folds many into one transaction. A failed execution is a
-retry (one CAS) or a discard (one transaction that resolves the run). What they wake
+retry (one CAS) or a discard (one transaction that resolves the run); a handler's
+``Snooze`` is a snooze (one CAS) or, past the kind's ``max_snoozes``, a discard
+(:mod:`cyclone.snoozing`). What they wake
 and the runs they end go to the client's announcer after the commit, so a NOTIFY that
 fails can never turn a committed outcome into a failed one.
 """
@@ -22,9 +24,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from cyclone.dbio import Results, Stmt, batch_async
 from cyclone.graph import parse_advanced
+from cyclone.observability.hooks import Outcome
 from cyclone.observability.logs import StepLog, step_log
 from cyclone.observability.tracing import engine_span
 from cyclone.retry import WRITE_RETRIES, error_backoff
+from cyclone.snoozing import Snoozed, snooze_limit_applied, snooze_limit_stmts, snooze_stmt
+from cyclone.sql import Q
 from cyclone.transitions import (
     Claimed,
     Failure,
@@ -172,6 +177,47 @@ class Completer:
             )
         self._announcer.announce(NO_WAKEUPS, ended)
         return applied
+
+    async def snooze(
+        self, step: Claimed, snoozed: Snoozed, slog: StepLog | None = None
+    ) -> Outcome | None:
+        """Record a handler's ``Snooze`` of ``step``: given back until ``now() +
+        snoozed.delay`` (one CAS), or past ``snoozed.max_snoozes`` discarded with
+        ``error_kind = 'snooze_limit'`` and its run resolved (one transaction, as a
+        discard); announce, after the commit, the runs a discard ended. Written with
+        retries, as :meth:`fail`.
+
+        Returns:
+            ``"released"`` (snoozed), ``"discarded"`` (past the limit), or ``None``: stale
+            (the lease was lost before it) or could not be written.
+        """
+        slog = slog or step_log(log, step)
+        results = await self._write([snooze_stmt(step, snoozed)], transaction=False)
+        if results is None:
+            return None
+        for row in results.of(Q.steps_snooze):
+            # Nothing announces the end of a snooze: wake this queue then ourselves.
+            asyncio.get_running_loop().call_later(snoozed.delay, self._wake, step.queue)
+            slog.info(
+                "snoozed for %.1f s, no attempt used (snooze %d of max_snoozes %d)",
+                snoozed.delay,
+                row.snoozes,
+                snoozed.max_snoozes,
+            )
+            return "released"
+        results = await self._write(snooze_limit_stmts(step, snoozed), transaction=True)
+        if results is None:
+            return None
+        ended = set(parse_advanced(results).finished)  # child runs it cancelled
+        outcome: Outcome | None = None
+        if snooze_limit_applied(results):
+            slog.warning("discarded: snoozed past max_snoozes %d", snoozed.max_snoozes)
+            ended.add(step.run_id)
+            outcome = "discarded"
+        else:
+            slog.info("stale snooze ignored")
+        self._announcer.announce(NO_WAKEUPS, ended)
+        return outcome
 
     async def _write(self, stmts: list[Stmt[Any]], *, transaction: bool) -> Results | None:
         """Run engine statements with retries; ``None`` if they could not be written."""

@@ -45,7 +45,18 @@ KEEP = Keep.KEEP
 valid input)."""
 
 _SHARED_OPTIONS = frozenset(
-    {"queue", "priority", "scheduled_at", "max_attempts", "timeout", "sequence_key", "retention"}
+    {
+        "queue",
+        "priority",
+        "scheduled_at",
+        "max_attempts",
+        "timeout",
+        "sequence_key",
+        "retention",
+        "concurrency_key",
+        "rate_key",
+        "fairness_key",
+    }
 )
 ENQUEUE_OPTIONS = _SHARED_OPTIONS | {"unique_key", "submit_key"}
 """The keyword options of ``enqueue`` (:class:`cyclone.producer.EnqueueOptions`)."""

@@ -12,10 +12,11 @@ import hashlib
 import heapq
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from cyclone.errors import ValidationError, WorkflowError
+from cyclone.flow import ItemKey
 from cyclone.handlers import Handler
 from cyclone.options import CENTURY, check_text, seconds
 
@@ -88,6 +89,9 @@ class NodeSpec:
     fan_out_max_items: int | None = None
     child: Workflow | None = None
     child_needs_result: bool | None = None
+    keys: Mapping[str, str | ItemKey] = field(default_factory=dict)
+    """The node's flow keys by name (``concurrency_key``, ``rate_key``,
+    ``fairness_key``): a key, or an :class:`cyclone.ItemKey` of a fan-out's items."""
 
     @property
     def deps(self) -> dict[str, str]:
@@ -168,14 +172,62 @@ def fingerprint(name: str, result: str | None, nodes: Iterable[NodeSpec]) -> str
 
 
 def _wait_shape(spec: NodeSpec) -> list[Any]:
-    """The fingerprinted shape of a wait or fan-out node (nothing for a plain node)."""
+    """The fingerprinted shape of a wait or fan-out node (nothing for a plain node).
+
+    A fan-out whose items take a key from their item (:class:`cyclone.ItemKey`) adds
+    the fields it reads: a change of field is a change of definition.
+    """
     if spec.fan_out_parallel is not None:
-        return ["fan_out"]
+        fields = item_fields(spec)
+        return ["fan_out", fields] if fields else ["fan_out"]
     if spec.child is not None:
         return ["child", spec.child.name, spec.child.def_version, spec.child_needs_result]
     if not spec.kind.startswith("@"):
         return []
     return [spec.wait_for, spec.signal_name, list(spec.signal_names or ()), spec.wait_count]
+
+
+def item_fields(spec: NodeSpec) -> dict[str, str]:
+    """The item fields a fan-out's keys are read from: key name -> field name."""
+    return {name: key.field for name, key in spec.keys.items() if isinstance(key, ItemKey)}
+
+
+def literal_keys(spec: NodeSpec) -> dict[str, str | None]:
+    """The node's literal flow keys (an :class:`cyclone.ItemKey` counts as none)."""
+    return {
+        name: (key if isinstance(key, str) else None)
+        for name, key in ((n, spec.keys.get(n)) for n in FLOW_KEYS)
+    }
+
+
+FLOW_KEYS = ("concurrency_key", "rate_key", "fairness_key")
+"""The options of a node or an enqueue that group its steps for flow control."""
+
+
+def flow_keys(where: str, *, items: bool = False, **keys: Any) -> dict[str, str | ItemKey]:
+    """A node's flow keys (``None`` values dropped), each a key or, when ``items``
+    (a fan-out), an :class:`cyclone.ItemKey`.
+
+    Raises:
+        WorkflowError: a key that is not a non-empty string without NUL of at most
+            1,024 bytes, or an ``ItemKey`` on a node that is not a fan-out, naming it.
+    """
+    found: dict[str, str | ItemKey] = {}
+    for name, value in keys.items():
+        if value is None:
+            continue
+        if isinstance(value, ItemKey):
+            if not items:
+                raise WorkflowError(
+                    f"{where}: {name}=ItemKey({value.field!r}) applies to fan-out items only"
+                )
+            found[name] = value
+            continue
+        try:
+            found[name] = check_text(value, f"{name} of {where}")
+        except ValidationError as exc:
+            raise WorkflowError(str(exc)) from None
+    return found
 
 
 def _cycle(stuck: list[str], nodes: Mapping[str, NodeSpec]) -> str:

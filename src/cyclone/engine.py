@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from cyclone.completion import TxSlots
 from cyclone.config import ClientConfig
 from cyclone.connections import ConnectionSettings
+from cyclone.limits import store_limits
 from cyclone.observability.hooks import Observers
 from cyclone.scanners.purge import Purger
 from cyclone.scanners.schedules import ScheduleScanner
@@ -139,6 +140,7 @@ class Engine:
             self._sync_tx_pool = ConnectionPool(**self._tx_pool_options(sync_size, False))
             await asyncio.to_thread(self._sync_tx_pool.open)
         config = self._config
+        await store_limits(self._lease_pool, config.handlers, settings.worker.owner)
         worker = Worker(
             settings.worker,
             handlers=config.handlers,

@@ -18,6 +18,9 @@ A rejected call writes nothing.
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 import psycopg
 
 __all__ = [
@@ -28,6 +31,7 @@ __all__ = [
     "LeaseLost",
     "NotFoundError",
     "PoolTooSmallError",
+    "Snooze",
     "StateError",
     "StepInterrupted",
     "ValidationError",
@@ -109,6 +113,37 @@ class Discard(CycloneError):
     """
 
     __module__ = "cyclone"
+
+
+class Snooze(CycloneError):
+    """Raise from a handler to run the step again later without using an attempt.
+
+    ``raise cyclone.Snooze(30)`` (seconds, or a ``timedelta``; zero or more) puts the
+    step back to ``available`` at ``now() + delay`` on the database clock: its attempt
+    count is unchanged and its ``snoozes`` count goes up by one. Past the kind's
+    ``max_snoozes`` (default 100) the step is discarded with ``error_kind =
+    'snooze_limit'``. Work the handler wrote in ``ctx.completion_tx()`` is rolled back.
+
+    Attributes:
+        delay: seconds until the step is due again.
+
+    Raises:
+        ValidationError: a delay that is not a duration of zero or more seconds.
+    """
+
+    __module__ = "cyclone"
+
+    def __init__(self, delay: timedelta | float | int) -> None:
+        if isinstance(delay, timedelta):
+            value = delay.total_seconds()
+        elif isinstance(delay, int | float) and not isinstance(delay, bool):
+            value = float(delay)
+        else:
+            raise ValidationError(f"Snooze delay must be a timedelta or seconds, got {delay!r}")
+        if not math.isfinite(value) or value < 0 or value > 100 * 365.25 * 86400:
+            raise ValidationError(f"Snooze delay must be zero or more seconds, got {delay!r}")
+        super().__init__(f"snoozed for {value:g} s")
+        self.delay: float = value
 
 
 class StepInterrupted(BaseException):

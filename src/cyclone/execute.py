@@ -4,7 +4,9 @@
 ``async def`` on the event loop, a plain ``def`` in a handler thread): a return is
 an output, encoded as JSON text (or a failure when it cannot be encoded); an exception
 is a :class:`cyclone.transitions.Failure` (retry with backoff, or discard), a timeout
-recorded as ``error_kind = 'timeout'``; an interruption of a step no longer held
+recorded as ``error_kind = 'timeout'``; a ``Snooze`` is a
+:class:`cyclone.snoozing.Snoozed` (the step given back for later, no attempt used);
+an interruption of a step no longer held
 (lease lost, released at shutdown, cancelled) is dropped: nothing is written for it.
 The worker records the outcome (:mod:`cyclone.worker`).
 """
@@ -21,13 +23,14 @@ from typing import Any
 from cyclone.completion import CompletionTx
 from cyclone.context import Context
 from cyclone.dbio import batch_sync
-from cyclone.errors import Discard, StepInterrupted
+from cyclone.errors import Discard, Snooze, StepInterrupted
 from cyclone.graph import Advanced, parse_advanced
 from cyclone.handlers import Handler
 from cyclone.observability.hooks import Observers, Outcome
 from cyclone.observability.logs import StepLog, step_log
 from cyclone.observability.tracing import StepSpan, engine_span
 from cyclone.payloads import encode_json
+from cyclone.snoozing import Snoozed, snoozed_of
 from cyclone.transitions import Claimed, Failure, complete_stmts, decide_failure
 
 __all__ = [
@@ -125,13 +128,14 @@ class Held:
 class StepOutcome:
     """What one execution of a handler came to.
 
-    Exactly one of: ``failure`` set (record it); ``dropped`` (write nothing: the step
+    Exactly one of: ``failure`` set (record it: a failed attempt, or a handler's
+    ``Snooze`` as :class:`cyclone.snoozing.Snoozed`); ``dropped`` (write nothing: the step
     is no longer held); else ``output``, the JSON text to complete with (``None`` for
     an action, stored as NULL).
     """
 
     output: str | None = None
-    failure: Failure | None = None
+    failure: Failure | Snoozed | None = None
     dropped: bool = False
 
 
@@ -152,8 +156,9 @@ def decide_outcome(
     ``not_held`` says the step is no longer held (lease lost, released, cancelled):
     a ``StepInterrupted`` raised then is dropped. ``timed_out`` says the step's
     timeout (seconds, ``step.timeout``) cut the handler short: the failure is a
-    ``TimeoutError`` with ``error_kind = 'timeout'``. A value that cannot be encoded as
-    JSON is a failure like any exception.
+    ``TimeoutError`` with ``error_kind = 'timeout'``. A ``Snooze`` (outside a timeout)
+    gives the step back under the kind's ``max_snoozes``. A value that cannot be encoded
+    as JSON is a failure like any exception.
     """
     if error is None:
         try:
@@ -168,6 +173,8 @@ def decide_outcome(
             return StepOutcome(output=output)
     if isinstance(error, StepInterrupted) and not_held:
         return DROPPED
+    if isinstance(error, Snooze) and not timed_out:
+        return StepOutcome(failure=snoozed_of(error, handler.limits.max_snoozes))
     return StepOutcome(failure=failure_of(handler, step, error, timed_out=timed_out))
 
 

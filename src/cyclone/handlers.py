@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict, Unpack
 
 from cyclone.errors import ValidationError
+from cyclone.flow import DEFAULT_MAX_SNOOZES, KindLimits, RateLimit
 from cyclone.options import Duration, JobOptions, check_kind
 from cyclone.payloads import Codec, codec_for
 from cyclone.retry import DEFAULT_RETRY, RetryPolicy
@@ -36,6 +37,7 @@ class Handler:
         retry: the backoff between failed attempts.
         no_retry: exception classes that discard the step at once.
         codec: decodes the input and encodes the output (dataclass, pydantic, JSON).
+        limits: the kind's flow control (max_concurrency, rate_limit, max_snoozes).
     """
 
     __module__ = "cyclone"
@@ -48,6 +50,7 @@ class Handler:
     retry: RetryPolicy = DEFAULT_RETRY
     no_retry: tuple[type[BaseException], ...] = ()
     codec: Codec = field(default_factory=lambda: codec_for(None))
+    limits: KindLimits = field(default_factory=KindLimits)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -94,6 +97,9 @@ def step(
     retention: Duration | None = None,
     retry: RetryPolicy | None = None,
     no_retry: Iterable[type[BaseException]] = (),
+    max_concurrency: int | None = None,
+    rate_limit: RateLimit | str | None = None,
+    max_snoozes: int = DEFAULT_MAX_SNOOZES,
 ) -> Callable[[Callable[..., Any]], Handler]:
     """Declare a kind whose handler returns an output (a JSON value).
 
@@ -107,6 +113,13 @@ def step(
             ``None`` uses the client's default.
         retry: backoff between failed attempts.
         no_retry: exception classes that discard the step at once, like ``Discard``.
+        max_concurrency: at most this many steps of the kind with one
+            ``concurrency_key`` run at once on all workers (>= 1); ``None``: no limit.
+        rate_limit: at most ``count + burst`` steps of the kind with one ``rate_key``
+            start in any window of ``per`` seconds: a :class:`cyclone.RateLimit` or
+            ``"100/s"``, ``"100/m"``, ``"100/h"``; ``None``: no limit.
+        max_snoozes: times a handler may raise :class:`cyclone.Snooze` for one step
+            before it is discarded with ``error_kind = 'snooze_limit'`` (>= 0).
 
     Returns:
         A decorator that turns ``fn(ctx, inp)`` into a :class:`Handler`.
@@ -124,6 +137,9 @@ def step(
         max_attempts=max_attempts,
         timeout=timeout,
         retention=retention,
+    )
+    limits = KindLimits.build(
+        max_concurrency=max_concurrency, rate_limit=rate_limit, max_snoozes=max_snoozes
     )
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ValidationError(f"retry must be a cyclone.RetryPolicy, got {retry!r}")
@@ -146,6 +162,7 @@ def step(
             retry=retry or DEFAULT_RETRY,
             no_retry=errors,
             codec=codec_for(_input_annotation(fn)),
+            limits=limits,
         )
 
     return decorate
@@ -161,6 +178,9 @@ class KindOptions(TypedDict, total=False):
     retention: Duration | None
     retry: RetryPolicy | None
     no_retry: Iterable[type[BaseException]]
+    max_concurrency: int | None
+    rate_limit: RateLimit | str | None
+    max_snoozes: int
 
 
 def action(kind: str, **options: Unpack[KindOptions]) -> Callable[[Callable[..., Any]], Handler]:

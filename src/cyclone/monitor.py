@@ -20,6 +20,7 @@ from cyclone.errors import ValidationError
 from cyclone.options import check_int, check_text
 from cyclone.records import KindStats, QueueStats, StepInfo
 from cyclone.sql import Q
+from cyclone.sql.flow_rows import StoredLimitsRow
 from cyclone.states import StepState
 
 __all__ = [
@@ -100,6 +101,11 @@ async def queue_stats_async(conn: psycopg.AsyncConnection[Any]) -> list[QueueSta
 def kind_stats_sync(conn: psycopg.Connection[Any]) -> list[KindStats]:
     """Every (kind, state) pair with steps, by kind then state."""
     return fetch_sync(conn, Stmt(Q.monitor_kinds))
+
+
+def kind_limits_sync(conn: psycopg.Connection[Any]) -> list[StoredLimitsRow]:
+    """Every kind's stored flow control (``cyclone_kind_limits``), by kind."""
+    return fetch_sync(conn, Stmt(Q.limits_list))
 
 
 def find_steps_sync(conn: psycopg.Connection[Any], stmt: Stmt[StepInfo]) -> list[StepInfo]:

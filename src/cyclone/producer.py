@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import StateError, ValidationError
+from cyclone.flow import check_flow_key
 from cyclone.handlers import Handler
 from cyclone.options import (
     Duration,
@@ -60,6 +61,12 @@ class _SharedOptions(TypedDict, total=False):
         timeout: limit of one execution (``timedelta`` or seconds).
         sequence_key: steps of one key run one at a time, first in first out.
         retention: how long the finished run is kept (``timedelta`` or seconds).
+        concurrency_key: the group the kind's ``max_concurrency`` counts the step in
+            (default: the kind's one group).
+        rate_key: the bucket the kind's ``rate_limit`` counts the step's start in
+            (default: the kind's one bucket).
+        fairness_key: claims rotate across the fairness keys of a queue and priority,
+            so that one key's backlog cannot starve the others (default: none).
     """
 
     queue: str
@@ -69,6 +76,9 @@ class _SharedOptions(TypedDict, total=False):
     timeout: Duration
     sequence_key: str
     retention: Duration
+    concurrency_key: str
+    rate_key: str
+    fairness_key: str
 
 
 class ManyOptions(_SharedOptions, total=False):
@@ -140,6 +150,9 @@ class EnqueueRequest:
         submit_keys: Sequence[str | None] | None = None,
         sequence_key: str | None = None,
         retention: Duration | None = None,
+        concurrency_key: str | None = None,
+        rate_key: str | None = None,
+        fairness_key: str | None = None,
         many: bool = False,
     ) -> EnqueueRequest:
         """Validate everything and encode the input(s).
@@ -209,6 +222,9 @@ class EnqueueRequest:
             "timeout_us": micros(options.timeout),
             "unique_key": unique_key,
             "sequence_key": sequence_key,
+            "concurrency_key": check_flow_key(concurrency_key, "concurrency_key"),
+            "rate_key": check_flow_key(rate_key, "rate_key"),
+            "fairness_key": check_flow_key(fairness_key, "fairness_key"),
             "retention_us": micros(keep),
             "traceparent": None,
         }

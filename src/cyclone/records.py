@@ -175,6 +175,7 @@ class Step(_StepCore):
         scheduled_at, created_at, started_at, completed_at: timestamps.
         unique_key, sequence_key: the enqueue's keys.
         timeout, retention: seconds or ``None``.
+        snoozes: times its handler raised :class:`cyclone.Snooze` (never attempts).
     """
 
     __module__ = "cyclone"
@@ -186,6 +187,7 @@ class Step(_StepCore):
     sequence_key: str | None
     timeout: float | None
     retention: float | None
+    snoozes: int
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Step:
@@ -234,7 +236,7 @@ class StepInfo(_StepCore):
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """The unfinished work of one queue (``cyclone_v_queues``).
+    """The unfinished work of one queue, and its pause (``cyclone_queues_v1``).
 
     Attributes:
         queue: the queue name.
@@ -244,6 +246,8 @@ class QueueStats:
         oldest_available_age: seconds since the oldest claimable step became due;
             ``None`` when nothing is claimable now.
         expired_leases: running steps whose lease has expired (the sweep reclaims them).
+        paused: the queue is paused (``Client.pause_queue``): no claim takes its steps
+            until it is resumed. A paused queue is listed even with no unfinished step.
     """
 
     __module__ = "cyclone"
@@ -254,6 +258,7 @@ class QueueStats:
     waiting: int
     oldest_available_age: float | None
     expired_leases: int
+    paused: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> QueueStats:

@@ -22,7 +22,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from cyclone.limits import limits_of
 from cyclone.records import KindStats, QueueStats, Run, Schedule, Step, StepInfo
+from cyclone.sql.flow_rows import StoredLimitsRow
 from cyclone.states import StepState
 
 __all__ = [
@@ -227,9 +229,10 @@ def steps_table(steps: Sequence[StepInfo]) -> Table:
 
 
 def queues_table(stats: Sequence[QueueStats]) -> Table:
-    """Queues: available, running and waiting counts, oldest available age, expired."""
+    """Queues: available, running and waiting counts, oldest available age, expired
+    leases, and ``paused`` for a paused queue."""
     columns = ("available", "running", "waiting", "oldest available", "expired leases")
-    table = _table("queue", *columns, right=columns)
+    table = _table("queue", *columns, "paused", right=columns)
     for row in stats:
         table.add_row(
             Text(row.queue),
@@ -238,6 +241,7 @@ def queues_table(stats: Sequence[QueueStats]) -> Table:
             str(row.waiting),
             seconds_text(row.oldest_available_age),
             _expired(row.expired_leases),
+            Text("paused", style="bold yellow") if row.paused else "",
         )
     return table
 
@@ -253,6 +257,23 @@ def kinds_table(stats: Sequence[KindStats]) -> Table:
             str(row.count),
             seconds_text(row.oldest_available_age),
             _expired(row.expired_leases),
+        )
+    return table
+
+
+def limits_table(rows: Sequence[StoredLimitsRow]) -> Table:
+    """Each kind's stored flow control, who wrote it and when."""
+    columns = ("max_concurrency", "rate_limit", "max_snoozes")
+    table = _table("kind", *columns, "written by", "written at", right=columns)
+    for row in rows:
+        limits = limits_of(row)
+        table.add_row(
+            Text(row.kind),
+            "" if limits.max_concurrency is None else str(limits.max_concurrency),
+            "" if limits.rate_limit is None else str(limits.rate_limit),
+            str(limits.max_snoozes),
+            Text(row.written_by),
+            local_time(row.written_at),
         )
     return table
 
@@ -415,8 +436,9 @@ def executions(step: Step) -> int:
 
 def step_view(step: Step) -> Table:
     """One step's fields: what and where it is, its state, ``attempt N of M``
-    (:func:`executions`), reclaims, lease, timestamps (local time), error and the last
-    lines of its traceback, input and output (JSON, cut at 500 characters)."""
+    (:func:`executions`), reclaims, snoozes (if any), lease, timestamps (local time),
+    error and the last lines of its traceback, input and output (JSON, cut at 500
+    characters)."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -431,6 +453,8 @@ def step_view(step: Step) -> Table:
         ("attempt", f"{executions(step)} of {step.max_attempts}"),
         ("reclaims", Text(str(step.reclaims), style="yellow" if step.reclaims else "")),
     ]
+    if step.snoozes:  # times its handler raised Snooze (no attempt used)
+        rows.append(("snoozes", str(step.snoozes)))
     if step.lease_owner is not None:
         rows.append(("lease", Text(f"{step.lease_owner}, until {local_time(step.lease_expiry)}")))
         rows.append(("heartbeat", local_time(step.heartbeat_at)))

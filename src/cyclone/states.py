@@ -62,7 +62,7 @@ class StepState(StrEnum):
     COMPLETED = "completed"
     """Finished with its output (terminal)."""
     DISCARDED = "discarded"
-    """Failed for good: attempts, reclaims or a ``Discard`` (terminal)."""
+    """Failed for good: attempts, reclaims, snoozes or a ``Discard`` (terminal)."""
     CANCELLED = "cancelled"
     """Cancelled with its run or branch (terminal)."""
 
@@ -111,7 +111,7 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.WAITING_SIGNAL, S.DISCARDED): "wait scanner: the wait's timeout passed (signal_timeout)",
     (S.PENDING, S.PAUSED): "pause of the run; the advance parks a node it reaches in a paused run",
     (S.AVAILABLE, S.PAUSED): "pause of the run",
-    (S.RUNNING, S.PAUSED): "failed attempt, reclaim or release while the run is paused",
+    (S.RUNNING, S.PAUSED): "failed attempt, snooze, reclaim or release while the run is paused",
     (S.PAUSED, S.PENDING): (
         "resume: every paused step, in the resume transaction (graph_restore then reaches "
         "those with no unmet dependency)"
@@ -123,12 +123,15 @@ STEP_TRANSITIONS: dict[tuple[StepState, StepState], str] = {
     (S.RUNNING, S.COMPLETED): "completion (worker, in the completion transaction)",
     (S.RUNNING, S.AVAILABLE): (
         "failed attempt with retries left (worker, backoff via scheduled_at); "
+        "Snooze raised under the kind's max_snoozes (worker, snoozes + 1, due at "
+        "scheduled_at, no attempt); "
         "recovery sweep (lease expired or timeout passed, reclaims + 1); "
         "release at graceful shutdown, sequence-gate recheck or def_version mismatch "
         "(no count)"
     ),
     (S.RUNNING, S.DISCARDED): (
-        "last attempt failed or Discard raised (worker); reclaim limit (sweep)"
+        "last attempt failed, Discard raised, or Snooze raised past max_snoozes "
+        "(worker, snooze_limit); reclaim limit (sweep)"
     ),
     (S.RUNNING, S.CANCELLED): f"{_CANCEL}, or fail-fast of its run",
     (S.AVAILABLE, S.CANCELLED): f"{_CANCEL}, or fail-fast of its run",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
+from cyclone.dag import item_fields, literal_keys
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import StateError, ValidationError, WorkflowError
 from cyclone.handlers import Handler
@@ -129,6 +130,8 @@ def compile_workflow(
                 "fan_out_max_items": spec.fan_out_max_items,
                 "child_workflow": spec.child.name if spec.child is not None else None,
                 "child_needs_result": spec.child_needs_result,
+                **literal_keys(spec),
+                "item_keys": item_fields(spec) or None,
             }
         )
         deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())

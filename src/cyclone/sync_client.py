@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone.calls.producers import ProducerCalls
+from cyclone.calls.queues import QueueCalls
 from cyclone.calls.runs import RunCalls
 from cyclone.calls.schedules import ScheduleCalls
 from cyclone.calls.sync_shell import SyncShell
@@ -38,7 +39,7 @@ __all__ = ["SyncClient"]
 T = TypeVar("T")
 
 
-class SyncClient(SyncShell, ProducerCalls, RunCalls, ScheduleCalls):
+class SyncClient(SyncShell, ProducerCalls, RunCalls, ScheduleCalls, QueueCalls):
     """Synchronous producer and inspection client.
 
     Args:

@@ -130,6 +130,7 @@ def claim_stmt(
             "ttl_us": micros(ttl),
             "foreign": list(foreign),
             "latency": latency,
+            "limit": limit,
         },
     )
 

@@ -9,7 +9,8 @@ the outcome with a CAS on state, owner and lease generation:
 * output without a completion transaction: handed to the completer, which completes
   many steps in one transaction (each row keeps its own CAS);
 * with ``ctx.completion_tx()``: completed inside that transaction, alone;
-* an exception: retried with backoff, or discarded (and the run failed fast).
+* an exception: retried with backoff, or discarded (and the run failed fast);
+* a ``Snooze``: given back for later with no attempt counted (:mod:`cyclone.snoozing`).
 
 A claim that errors does not stop its loop; polling at ``poll_interval`` is the floor
 and a ``cyclone_available`` wakeup for the queue cuts the wait short.
@@ -44,6 +45,7 @@ from cyclone.observability.tracing import enabled as tracing_enabled
 from cyclone.observability.tracing import engine_span, record_span, step_span
 from cyclone.producer import EnqueueRequest
 from cyclone.retry import error_backoff
+from cyclone.snoozing import Snoozed
 from cyclone.sql import CLAIM_LIMITS, claim_limit
 from cyclone.transitions import Claimed, Failure, complete_stmts, release_stmt
 from cyclone.wakeups import Announcer, Wakeups
@@ -459,8 +461,10 @@ class Worker:
         wakeups = advanced.wakeups | Wakeups.of_queues(held.ctx._wakeups)
         self._announcer.announce(wakeups, advanced.finished)
 
-    async def _record_failure(self, held: Held, failure: Failure) -> None:
-        if await self._completer.fail(held.step, failure, held.log):
+    async def _record_failure(self, held: Held, failure: Failure | Snoozed) -> None:
+        if isinstance(failure, Snoozed):  # released for later, or discarded at the limit
+            held.outcome = await self._completer.snooze(held.step, failure, held.log)
+        elif await self._completer.fail(held.step, failure, held.log):
             held.outcome = "discarded" if failure.discard else "failed"
             held.failure = failure.error
 

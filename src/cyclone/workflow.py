@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple, TypedDict, Unpack
 
 from cyclone.dag import (
+    FLOW_KEYS,
     Assembly,
     DepPolicy,
     Node,
@@ -33,10 +34,12 @@ from cyclone.dag import (
     NodeSpec,
     check_id,
     fingerprint,
+    flow_keys,
     signals_of,
     topological_order,
 )
 from cyclone.errors import ValidationError, WorkflowError
+from cyclone.flow import ItemKey
 from cyclone.handlers import Handler
 from cyclone.options import Duration, JobOptions
 from cyclone.payloads import PLAIN, encode_json
@@ -73,6 +76,9 @@ class NodeOptions(TypedDict, total=False):
     timeout: Duration | None
     retention: Duration | None
     on_dep_failure: DepPolicy
+    concurrency_key: str | ItemKey | None
+    rate_key: str | ItemKey | None
+    fairness_key: str | ItemKey | None
 
 
 class Workflow(WaitNodes):
@@ -133,6 +139,9 @@ class Workflow(WaitNodes):
         timeout: Duration | None = None,
         retention: Duration | None = None,
         on_dep_failure: DepPolicy = "fail_run",
+        concurrency_key: str | ItemKey | None = None,
+        rate_key: str | ItemKey | None = None,
+        fairness_key: str | ItemKey | None = None,
     ) -> Node:
         """Declare a node that runs ``kind`` once its upstream nodes completed.
 
@@ -149,6 +158,9 @@ class Workflow(WaitNodes):
             queue, priority, max_attempts, timeout, retention: override the kind's
                 defaults (durations are ``timedelta`` or seconds).
             on_dep_failure: ``"fail_run"`` (default) or ``"cancel_branch"``.
+            concurrency_key, rate_key, fairness_key: the node's flow keys, as the
+                options of ``enqueue`` (docs/flow-control.md); on a fan-out, a
+                :class:`cyclone.ItemKey` takes each item task's key from its item.
 
         Returns:
             A :class:`Node` reference for edges and :meth:`result`.
@@ -181,6 +193,12 @@ class Workflow(WaitNodes):
             JobOptions().override(**overrides)
         except ValidationError as exc:
             raise WorkflowError(f"{where}: {exc}") from None
+        keys = flow_keys(
+            where,
+            concurrency_key=concurrency_key,
+            rate_key=rate_key,
+            fairness_key=fairness_key,
+        )
         edges = _Edges(after, input_from, inputs, assembly, input)
         spec = self._spec(
             node_id,
@@ -190,6 +208,7 @@ class Workflow(WaitNodes):
             edges,
             on_dep_failure=on_dep_failure,
             overrides=overrides,
+            keys=keys,
         )
         return self._add(spec)
 
@@ -286,7 +305,9 @@ class Workflow(WaitNodes):
             max_items: cap on the number of elements of ``over``'s list, 0 for none
                 (at most 2**31 - 1).
             **options: ``queue``, ``priority``, ``max_attempts``, ``timeout``,
-                ``retention`` and ``on_dep_failure`` of the item tasks, as :meth:`node`.
+                ``retention``, ``on_dep_failure`` and the flow keys of the item tasks,
+                as :meth:`node`; a key given as ``cyclone.ItemKey("field")`` is read
+                from each item (the text of that field; no key without it).
 
         Raises:
             WorkflowError: as :meth:`node`, or a bad ``max_parallel`` / ``max_bytes`` /
@@ -302,6 +323,8 @@ class Workflow(WaitNodes):
                 raise WorkflowError(f"fan-out {id!r}: {what} must be an int >= 0, got {value!r}")
             if value > ceiling:
                 raise WorkflowError(f"fan-out {id!r}: {what} is too large: {value}")
+        given = {name: options.pop(name, None) for name in FLOW_KEYS}  # type: ignore[misc]
+        keys = flow_keys(f"fan-out {id!r}", items=True, **given)
         node = self.node(
             id,
             kind,
@@ -316,6 +339,7 @@ class Workflow(WaitNodes):
             fan_out_parallel=max_parallel,
             fan_out_max_bytes=max_bytes if has_output else None,
             fan_out_max_items=max_items,
+            keys=keys,
         )
         return node
 

@@ -29,7 +29,7 @@ import cyclone
 from cyclone.dashboard import create_app
 from tests.dashboard.conftest import XSS, echo, gate
 from tests.dashboard.live import CHROMIUM, CHROMIUM_ARGS, LiveServer, Worker
-from tests.helpers import ROOT
+from tests.helpers import ROOT, poll_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -257,3 +257,28 @@ def test_another_site_cannot_make_the_browser_act(
             page.evaluate("document.getElementById('f').submit()")
         expect(page.locator("body")).to_contain_text("cross-origin request")
     assert worker.call(lambda c: c.get_run(sub.run_id)).state.value == "running"
+
+
+def test_a_queue_is_paused_and_resumed_from_the_queues_page(
+    served: tuple[LiveServer, Worker], page: Page
+) -> None:
+    server, worker = served
+    sub = worker.call(lambda c: c.submit(gate(), {}))  # its signal wait lists the queue
+
+    async def waiting(c: cyclone.Client) -> bool:
+        return any(s.state.value == "waiting_signal" for s in await c.list_steps(sub.run_id))
+
+    poll_until(lambda: worker.call(waiting), what="the signal wait")
+    page.goto(server.url + "/queues")
+    queue = page.locator('tr[data-queue="default"]')
+    expect(queue).to_have_attribute("data-paused", "false")
+    queue.locator("button[data-queue-action=pause]").click()
+    expect(page.locator(".flash")).to_have_text("queue 'default' paused")
+    expect(queue).to_have_attribute("data-paused", "true")
+    assert worker.call(lambda c: c.stats())["default"].paused
+    shoot(page, "queues-paused")
+    queue.locator("button[data-queue-action=resume]").click()
+    expect(page.locator(".flash")).to_have_text("queue 'default' resumed")
+    expect(queue).to_have_attribute("data-paused", "false")
+    job = worker.call(lambda c: c.enqueue("dash_echo", {"after": "resume"}))
+    assert worker.call(lambda c: c.wait(job, timeout=30)).state.value == "completed"

@@ -29,6 +29,7 @@ import pytest
 from cyclone.dbio import Stmt
 from cyclone.graph import expand_stmt
 from cyclone.producer import EnqueueRequest, enqueue_many_stmt, enqueue_stmt
+from cyclone.snoozing import Snoozed, snooze_limit_stmts, snooze_stmt
 from cyclone.sql import Q
 from cyclone.sql.rows import SweepRow
 from cyclone.transitions import (
@@ -305,6 +306,8 @@ def _statements(conn: psycopg.Connection[Any]) -> dict[str, Callable[[], list[St
         "release": lambda: [release_stmt(jobs)],
         "retry": lambda: failure_stmts(one, _failure(False))[0],
         "discard": lambda: failure_stmts(one, _failure(True))[0],
+        "snooze": lambda: [snooze_stmt(one, Snoozed(30.0, 100))],
+        "snooze_limit": lambda: snooze_limit_stmts(one, Snoozed(30.0, 0)),
         "enqueue": lambda: [enqueue_stmt(_request(False))],
         "enqueue_many": lambda: [enqueue_many_stmt(_request(True))],
         "find_unique": lambda: [Stmt(Q.steps_find_unique, {"kind": "hot", "unique_key": "u5"})],

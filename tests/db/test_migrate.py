@@ -330,11 +330,13 @@ STORAGE_PARAMETERS = {
 @dataclass(frozen=True)
 class Addition:
     """What one migration after the first adds: columns of existing tables by
-    (table, column), indexes by name, views by name (their columns in order) and
-    functions by name (their argument types, as ``oidvectortypes``
-    writes them without names, and their result type)."""
+    (table, column), new tables (their columns and primary key), indexes by name, views
+    by name (their columns in order) and functions by name (their argument types, as
+    ``oidvectortypes`` writes them without names, and their result type)."""
 
     columns: dict[tuple[str, str], Col] = field(default_factory=dict)
+    tables: dict[str, dict[str, Col]] = field(default_factory=dict)
+    primary_keys: dict[str, list[str]] = field(default_factory=dict)
     indexes: dict[str, Index] = field(default_factory=dict)
     views: dict[str, list[str]] = field(default_factory=dict)
     functions: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -344,6 +346,7 @@ class Addition:
         function names."""
         return (
             {f"{t}.{c}" for t, c in self.columns}
+            | set(self.tables)
             | set(self.indexes)
             | set(self.views)
             | set(self.functions)
@@ -399,6 +402,65 @@ ADDITIONS: dict[int, Addition] = {
         }
     ),
     8: Addition(columns={("cyclone_runs", "traceparent"): Col(TEXT, NULLABLE)}),
+    9: Addition(
+        columns={
+            ("cyclone_steps", "concurrency_key"): Col(TEXT, NULLABLE),
+            ("cyclone_steps", "rate_key"): Col(TEXT, NULLABLE),
+            ("cyclone_steps", "fairness_key"): Col(TEXT, NULLABLE),
+            ("cyclone_steps", "snoozes"): Col(INTEGER, NOT_NULL, "0"),
+            ("cyclone_steps", "item_keys"): Col(JSONB, NULLABLE),
+        },
+        tables={
+            "cyclone_kind_limits": {
+                "kind": Col(TEXT, NOT_NULL),
+                "max_concurrency": Col(INTEGER, NULLABLE),
+                "rate_count": Col(INTEGER, NULLABLE),
+                "rate_per": Col("double precision", NULLABLE),
+                "rate_burst": Col(INTEGER, NOT_NULL, "0"),
+                "max_snoozes": Col(INTEGER, NOT_NULL, "100"),
+                "written_by": Col(TEXT, NOT_NULL),
+                "written_at": Col(TIMESTAMPTZ, NOT_NULL, NOW),
+            },
+            "cyclone_rate_buckets": {
+                "kind": Col(TEXT, NOT_NULL),
+                "key": Col(TEXT, NOT_NULL),
+                "starts": Col(
+                    "timestamp with time zone[]", NOT_NULL, "'{}'::timestamp with time zone[]"
+                ),
+                "tokens": Col("double precision", NULLABLE),
+                "updated_at": Col(TIMESTAMPTZ, NOT_NULL, NOW),
+            },
+            "cyclone_queue_pauses": {
+                "queue": Col(TEXT, NOT_NULL),
+                "paused_at": Col(TIMESTAMPTZ, NOT_NULL, NOW),
+                "paused_by": Col(TEXT, NULLABLE),
+            },
+        },
+        primary_keys={
+            "cyclone_kind_limits": ["kind"],
+            "cyclone_rate_buckets": ["kind", "key"],
+            "cyclone_queue_pauses": ["queue"],
+        },
+        indexes={
+            "idx_steps_concurrency": Index(
+                STEPS,
+                ("kind", "concurrency_key"),
+                pred_has=("'running'", "concurrency_key IS NOT NULL"),
+            ),
+            "idx_steps_fairness": Index(
+                STEPS,
+                ("queue", "fairness_key", "priority DESC", "scheduled_at"),
+                pred_has=("'available'", "fairness_key IS NOT NULL"),
+            ),
+        },
+        views={
+            "cyclone_queues_v1": listed(
+                "queue, available, running, waiting, oldest_available_age, expired_leases,"
+                " paused, paused_at, paused_by"
+            )
+        },
+        functions={"cyclone_item_key_v1": ("jsonb, text", "text")},
+    ),
 }
 
 VERSIONS = [1, *ADDITIONS]
@@ -409,6 +471,7 @@ def schema_tables() -> dict[str, dict[str, Col]]:
     """:data:`TABLES` with the columns of every addition."""
     tables = {table: dict(columns) for table, columns in TABLES.items()}
     for addition in ADDITIONS.values():
+        tables.update({table: dict(columns) for table, columns in addition.tables.items()})
         for (table, column), col in addition.columns.items():
             tables[table][column] = col
     return tables
@@ -526,7 +589,10 @@ def key_problems(conn: Conn, schema: str) -> list[str]:
     """Differences in primary keys, the unique (run_id, node) of steps, and foreign keys."""
     problems = []
     primary = {row[0]: row[1] for row in _constraints(conn, schema, "p")}
-    for table, columns in PRIMARY_KEYS.items():
+    keys = dict(PRIMARY_KEYS)
+    for addition in ADDITIONS.values():
+        keys.update(addition.primary_keys)
+    for table, columns in keys.items():
         if primary.get(table) != columns:
             problems.append(f"{table}: primary key {primary.get(table)}, expected {columns}")
 
@@ -840,7 +906,8 @@ def documented_additions() -> dict[int, set[str]]:
             continue
         names = re.findall(r"`([^`]+)`", cells[2])
         pattern = r"cyclone_\w+\.\w+|idx_\w+|cyclone_\w+_v\d+"
-        found[int(cells[0])] = {n for n in names if re.fullmatch(pattern, n)}
+        tables = {t for addition in ADDITIONS.values() for t in addition.tables}
+        found[int(cells[0])] = {n for n in names if re.fullmatch(pattern, n) or n in tables}
     return found
 
 
@@ -1046,7 +1113,7 @@ def test_migrate_into_a_named_schema(empty_dsn: str) -> None:
     is a no-op."""
     assert cyclone.migrate(empty_dsn, schema="cyc") == VERSIONS
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert _relations(conn, "cyc", "r") == set(TABLES)
+        assert _relations(conn, "cyc", "r") == set(schema_tables())
         assert _relations(conn, "public", "r") | _relations(conn, "public", "v") == set()
         assert versions(conn, "cyc") == VERSIONS
         assert reference_problems(conn, "cyc") == []

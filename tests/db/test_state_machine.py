@@ -6,7 +6,8 @@ autocommit psycopg connections, exactly as the worker, the sweep and the client 
 them: one connection per worker owner, one for the sweep, one for producer and control
 calls. Jobs are enqueued (one by one with unique and sequence keys, timeouts and
 delays, or many at once); two owners claim, heartbeat, complete (batched), fail (retry
-or discard), release, crash, and stall past their lease TTL; the sweep reclaims expired
+or discard), snooze (or discard past ``max_snoozes``), release, crash, and stall past
+their lease TTL; the sweep reclaims expired
 or timed-out leases (or discards them past ``max_reclaims``), possibly acting on a
 stale read; runs are cancelled. The database clock is moved by shifting timestamps
 (``scheduled_at``, ``lease_expiry``, ``started_at``) into the past, never by sleeping.
@@ -21,9 +22,10 @@ After every rule the whole database is read and checked against the spec
 (engine-design, CAS State Transitions, Leases and Heartbeats, Failure Propagation;
 decisions.md, Jobs; ``cyclone.states``): every state is a known value; every observed
 change of a step or run state is listed in ``STEP_TRANSITIONS`` / ``RUN_TRANSITIONS``;
-lease columns are set exactly while a step runs; ``lease_generation``, ``attempt`` and
-``reclaims`` never decrease, a reclaim never counts an attempt and only a claim bumps
-the generation; ``attempt <= max_attempts`` and ``reclaims <= max_reclaims``;
+lease columns are set exactly while a step runs; ``lease_generation``, ``attempt``,
+``reclaims`` and ``snoozes`` never decrease, a reclaim or a snooze never counts an
+attempt and only a claim bumps the generation; ``attempt <= max_attempts``,
+``reclaims <= max_reclaims`` and ``snoozes <= max_snoozes``;
 terminal steps and runs carry their timestamps; a standalone run mirrors its one step;
 a unique key has at most one active holder; a sequence key has at most one step in
 progress; at most one owner believes it holds a step under its current generation.
@@ -33,7 +35,7 @@ FIFO order per sequence key, and a claim with room to spare leaves nothing claim
 behind (every sequence key whose steps all wait, due, moves on).
 
 A sequence key's order puts a step started before (retried, waiting out its backoff,
-or reclaimed) first, then the others by ``(scheduled_at, id)`` (decisions.md, Jobs).
+reclaimed or snoozed) first, then the others by ``(scheduled_at, id)`` (decisions.md, Jobs).
 :func:`test_sequence_key_moves_on` pins the two ways a key used to stall for ever
 when that started step came after a waiting one by ``(scheduled_at, id)``.
 """
@@ -65,6 +67,7 @@ from cyclone.control import cancel_stmts
 from cyclone.dbio import Stmt, batch_sync, fetch_sync, run_plan_sync
 from cyclone.graph import parse_advanced
 from cyclone.producer import enqueue_many_stmt, enqueue_plan, enqueued_from_rows
+from cyclone.snoozing import Snoozed, snooze_limit_stmts, snooze_stmt
 from cyclone.sql import Q
 from cyclone.sql.rows import SweepRow
 from cyclone.states import (
@@ -113,7 +116,7 @@ TERMINAL = {s.value for s in TERMINAL_STEP_STATES}
 TERMINAL_RUNS = {s.value for s in TERMINAL_RUN_STATES}
 
 _STEPS_SNAPSHOT = """
-SELECT id, run_id, state, attempt, max_attempts, reclaims, lease_owner, lease_expiry,
+SELECT id, run_id, state, attempt, max_attempts, reclaims, snoozes, lease_owner, lease_expiry,
        lease_generation, heartbeat_at, scheduled_at, started_at, completed_at, output,
        error_kind, unique_key, sequence_key, timeout IS NOT NULL,
        scheduled_at <= now(),
@@ -135,6 +138,7 @@ class StepRow:
     attempt: int
     max_attempts: int
     reclaims: int
+    snoozes: int
     lease_owner: str | None
     lease_expiry: datetime | None
     lease_generation: int
@@ -161,8 +165,9 @@ class StepRow:
 
     @property
     def started_before(self) -> bool:
-        """The engine's 'in progress' for a sequence key: running, failed or reclaimed."""
-        return self.state == S.RUNNING or self.attempt > 0 or self.reclaims > 0
+        """The engine's 'in progress' for a sequence key: running, failed, reclaimed or
+        snoozed."""
+        return self.state == S.RUNNING or self.attempt > 0 or self.reclaims > 0 or self.snoozes > 0
 
     def held_by(self, owner: str, generation: int) -> bool:
         """Whether a worker transition of ``owner`` at ``generation`` passes the CAS."""
@@ -276,6 +281,7 @@ class StepMachine(RuleBasedStateMachine):
         self.held: dict[str, dict[tuple[int, int], Claimed]] = {owner: {} for owner in OWNERS}
         """What each owner believes it holds, by (step id, lease generation)."""
         self.max_reclaims = 1
+        self.max_snoozes = 1
         self.pending_scan: list[Any] | None = None
         self.inputs = 0
         self.steps, self.runs = snapshot(self.client)
@@ -427,12 +433,17 @@ class StepMachine(RuleBasedStateMachine):
 
     @initialize(
         max_reclaims=st.sampled_from([2, 1, 0]),
+        max_snoozes=st.sampled_from([1, 0, 2]),
         jobs=st.lists(JOBS, min_size=1, max_size=4),
         polls=st.lists(st.tuples(st.sampled_from(OWNERS), LIMITS), max_size=2),
     )
-    def configure(self, max_reclaims: int, jobs: list[Job], polls: list[tuple[str, int]]) -> None:
-        """Pick the sweep's ``max_reclaims`` (one for every client); enqueue, claim a first time."""
+    def configure(
+        self, max_reclaims: int, max_snoozes: int, jobs: list[Job], polls: list[tuple[str, int]]
+    ) -> None:
+        """Pick the sweep's ``max_reclaims`` (one for every client) and the kind's
+        ``max_snoozes``; enqueue, claim a first time."""
         self.max_reclaims = max_reclaims
+        self.max_snoozes = max_snoozes
         for job in jobs:
             self.enqueue(job)
             self.database_obeys_the_spec()
@@ -677,6 +688,52 @@ class StepMachine(RuleBasedStateMachine):
             assert run == self.runs[c.run_id]
 
     @rule(data=st.data())
+    def snooze(self, data: st.DataObject, token: tuple[str, str, Claimed] | None = None) -> None:
+        """The handler raises ``Snooze``: given back for later with no attempt counted, or,
+        past ``max_snoozes``, discarded with ``snooze_limit`` and its run failed."""
+        token = token or self._token(data)
+        if token is None:
+            return
+        believer, actor, c = token
+        delay = data.draw(st.sampled_from([0.0, 3600.0]), label="delay")
+        snoozed = Snoozed(delay, self.max_snoozes, "stack")
+        held = replace(c, owner=actor)
+        conn = self.conns[actor]
+        given_back = batch_sync(conn, [snooze_stmt(held, snoozed)], transaction=False)
+        rows = given_back.of(Q.steps_snooze)
+        discarded: list[Any] = []
+        if not rows:
+            limit = batch_sync(conn, snooze_limit_stmts(held, snoozed), transaction=True)
+            discarded = limit.of(Q.steps_snooze_discard)
+            resolved = limit.of(Q.graph_resolve_discard)
+            assert resolved == ([(1, 0, 0)] if discarded else [(0, 0, 0)]), resolved
+        after = self._snapshot()
+        prev = self.steps[c.id]
+        ok = prev.held_by(actor, c.generation)
+        at_limit = prev.snoozes >= self.max_snoozes
+        assert bool(rows) == (ok and not at_limit), f"snooze {actor}: {rows} vs {prev}"
+        assert bool(discarded) == (ok and at_limit), f"snooze limit {actor}: {prev}"
+        if actor == believer:
+            self._forget(believer, c)
+        if not ok:
+            self._assert_frame(after)
+            return
+        row, run = after[0][c.id], after[1][c.run_id]
+        assert (row.reclaims, row.lease_generation) == (prev.reclaims, prev.lease_generation)
+        assert (row.lease_owner, row.lease_expiry) == (None, None)
+        if at_limit:
+            self._assert_frame(after, steps=[c.id], runs=[c.run_id])
+            assert (row.state, row.error_kind) == (S.DISCARDED, "snooze_limit")
+            assert (row.attempt, row.snoozes) == (prev.attempt + 1, prev.snoozes)
+            assert run.state == R.FAILED
+            return
+        self._assert_frame(after, steps=[c.id])
+        assert rows == [(c.id, prev.snoozes + 1)]
+        assert (row.state, row.snoozes) == (S.AVAILABLE, prev.snoozes + 1)
+        assert (row.attempt, row.error_kind) == (prev.attempt, prev.error_kind)
+        assert row.due == (delay == 0), "a snooze ignored its delay"
+
+    @rule(data=st.data())
     def release(self, data: st.DataObject, token: tuple[str, str, Claimed] | None = None) -> None:
         """Give believed steps back at shutdown: no attempt, no reclaim, same schedule."""
         batch = self._batch(data, token)
@@ -825,7 +882,7 @@ class StepMachine(RuleBasedStateMachine):
             c for c in late if self.steps[c.id].held_by(owner, self.steps[c.id].lease_generation)
         ]
         for claimed in aba + [c for c in late if c not in aba]:
-            act = data.draw(st.sampled_from(["complete", "fail", "heartbeat", "release"]))
+            act = data.draw(st.sampled_from(["complete", "fail", "heartbeat", "release", "snooze"]))
             getattr(self, act)(data, token=(owner, owner, claimed))
             self.database_obeys_the_spec()
 
@@ -896,6 +953,7 @@ class StepMachine(RuleBasedStateMachine):
             assert row.completed_at is not None, f"{row.state} step {row.id} has no completed_at"
         assert 0 <= row.attempt <= row.max_attempts, f"step {row.id}: attempt {row.attempt}"
         assert 0 <= row.reclaims <= self.max_reclaims, f"step {row.id}: {row.reclaims}"
+        assert 0 <= row.snoozes <= self.max_snoozes, f"step {row.id}: {row.snoozes} snoozes"
 
     def _check_run(self, run: RunRow, steps: list[StepRow]) -> None:
         assert run.state in set(RunState), f"unknown run state {run.state!r}"
@@ -925,6 +983,7 @@ class StepMachine(RuleBasedStateMachine):
             bump = row.lease_generation - prev.lease_generation
             attempts = row.attempt - prev.attempt
             reclaims = row.reclaims - prev.reclaims
+            snoozes = row.snoozes - prev.snoozes
             assert bump in (0, 1), f"step {step_id}: lease_generation moved by {bump}"
             assert attempts in (0, 1), f"step {step_id}: attempt moved by {attempts}"
             assert reclaims in (0, 1), f"step {step_id}: reclaims moved by {reclaims}"
@@ -936,6 +995,10 @@ class StepMachine(RuleBasedStateMachine):
                 assert prev.state == S.RUNNING
                 assert row.state in (S.AVAILABLE, S.DISCARDED)
                 assert not (attempts and reclaims), "a reclaim counted an attempt"
+            assert snoozes in (0, 1), f"step {step_id}: snoozes moved by {snoozes}"
+            if snoozes:
+                assert (prev.state, row.state) == (S.RUNNING, S.AVAILABLE), f"snooze {step_id}"
+                assert not (attempts or reclaims), "a snooze counted an attempt or a reclaim"
         for run_id, run in runs.items():
             prev_run = self.runs.get(run_id)
             if prev_run is None:
@@ -997,13 +1060,14 @@ def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]], examples:
     run_state_machine_as_test(BoundStepMachine, settings=settings(SETTINGS, max_examples=examples))
 
 
-@pytest.mark.parametrize("trigger", ["retry", "reclaim"])
+@pytest.mark.parametrize("trigger", ["retry", "reclaim", "snooze"])
 def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigger: str) -> None:
     """decisions.md, Jobs: a step started before keeps the head of its key.
 
     A of key ``k`` is claimed. B of ``k`` is enqueued while A runs and ends up before A
     by ``(scheduled_at, id)``: ``retry``: A fails and its backoff schedules it after B;
-    ``reclaim``: B is backdated, A's lease expires and the sweep reclaims A. B must not
+    ``snooze``: A's handler snoozes for an hour, after B; ``reclaim``: B is backdated,
+    A's lease expires and the sweep reclaims A. B must not
     overtake A, and once A is due again A is claimed (the key once stalled here for
     ever: each of the two blocked the other's claim).
     """
@@ -1027,6 +1091,12 @@ def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigge
         stmts, transaction = failure_stmts(held, failure)
         written: list[Any] = batch_sync(worker, stmts, transaction=transaction).of(Q.steps_retry)
         assert claim(2) == [], "B overtook A while A waits out its backoff"
+        client.execute(f"UPDATE cyclone_steps SET scheduled_at = scheduled_at - interval '{SHIFT}'")
+    elif trigger == "snooze":
+        b = enqueue()
+        stmt = snooze_stmt(held, Snoozed(3600.0, 5))
+        written = batch_sync(worker, [stmt], transaction=False).of(Q.steps_snooze)
+        assert claim(2) == [], "B overtook A while A is snoozed"
         client.execute(f"UPDATE cyclone_steps SET scheduled_at = scheduled_at - interval '{SHIFT}'")
     else:
         b = enqueue(scheduled_at=datetime.now(UTC) - timedelta(days=1))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import cyclone
 from cyclone.options import JobOptions, micros, seconds
 from cyclone.payloads import codec_for, encode_json, find_nul
-from cyclone.sql import Q, Queries, Query, load_blocks, load_fragments
+from cyclone.sql import _FILES, Q, Queries, Query, load_blocks, load_fragments
 from cyclone.states import STEP_TRANSITIONS, TERMINAL_STEP_STATES, StepState
 
 
@@ -91,7 +91,9 @@ def test_durations_accept_timedelta_and_seconds() -> None:
 
 def test_every_declared_statement_is_in_the_sql_files_and_back() -> None:
     declared = set(Queries.__annotations__)
-    texts = [path.read_text() for path in (Path(cyclone.__file__).parent / "sql").glob("*.sql")]
+    folder = Path(cyclone.__file__).parent / "sql"
+    assert {path.name for path in folder.glob("*.sql")} == set(_FILES)
+    texts = [(folder / name).read_text() for name in _FILES]  # fragments before their uses
     fragments: dict[str, str] = {}
     for text in texts:
         fragments = load_fragments(text, fragments)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import cyclone
-from cyclone.calls import producers, runs, schedules
+from cyclone.calls import producers, queues, runs, schedules
 from cyclone.calls.effects import twin
 
 ENGINE_ONLY = {
@@ -34,7 +34,7 @@ ENGINE_ONLY = {
 """Public names of ``Client`` about the engine it runs: a ``SyncClient`` runs none."""
 SYNC_ONLY = {"open", "close"}
 """``SyncClient`` opens and closes its pool; ``Client`` does it in start and stop."""
-CALLS = [producers.ProducerCalls, runs.RunCalls, schedules.ScheduleCalls]
+CALLS = [producers.ProducerCalls, runs.RunCalls, schedules.ScheduleCalls, queues.QueueCalls]
 """The classes of the calls both clients share."""
 OWN_TWINS = {"wait", "migrate"}
 """Calls each client writes itself: waiting and migrating are different I/O."""

@@ -4,7 +4,8 @@
   forms), signal, wakeup tracking;
 * :mod:`cyclone.calls.runs`: inspection (get, list, stats), operator control (cancel,
   pause, resume, retry) and the purge;
-* :mod:`cyclone.calls.schedules`: cron schedules.
+* :mod:`cyclone.calls.schedules`: cron schedules;
+* :mod:`cyclone.calls.queues`: pause and resume a queue.
 
 Each call is a script (:mod:`cyclone.calls.effects`) made a method of both
 :class:`cyclone.Client` and :class:`cyclone.SyncClient` by :class:`~cyclone.calls.effects.twin`:

@@ -180,11 +180,13 @@ class RunCalls(CallsCore):
 
     @twin
     def stats(self) -> Script[dict[str, QueueStats]]:
-        """Depth and age of every queue with unfinished work (``cyclone_v_queues``).
+        """Depth, age and pause of every queue with unfinished work or paused
+        (``cyclone_queues_v1``).
 
         Returns:
             queue name -> :class:`QueueStats` (available, running and waiting counts,
-            seconds since the oldest claimable step became due, expired leases).
+            seconds since the oldest claimable step became due, expired leases,
+            whether the queue is paused), in name order.
         """
         queues: list[QueueStats] = yield Own(fetch(Stmt(Q.monitor_queues)), engine=True)
         return {q.queue: q for q in queues}

@@ -1,7 +1,9 @@
-"""The dashboard's actions on runs and schedules, through the client calls the CLI uses.
+"""The dashboard's actions on runs, schedules and queues, through the client calls the
+CLI uses.
 
 Each action is a :class:`cyclone.Client` call (``cancel``, ``pause``, ``resume``,
-``retry``, ``signal``, ``purge``, ``enable_schedule``, ``disable_schedule``), so it
+``retry``, ``signal``, ``purge``, ``enable_schedule``, ``disable_schedule``,
+``pause_queue``, ``resume_queue``), so it
 raises what the CLI's command raises: :class:`cyclone.NotFoundError` for an unknown
 run, :class:`cyclone.StateError` when the run's state forbids it,
 :class:`cyclone.ValidationError` for a bad value. :func:`status_of` maps them to HTTP
@@ -29,6 +31,7 @@ __all__ = [
     "parse_payload",
     "perform",
     "purge",
+    "set_queue_paused",
     "set_schedule",
     "status_of",
 ]
@@ -143,6 +146,20 @@ async def purge(client: Client, older_than: str) -> str:
             ) from None
     deleted = await client.purge(older_than=limit)
     return f"purged {deleted} run(s)"
+
+
+async def set_queue_paused(client: Client, name: str, paused: bool) -> str:
+    """Pause or resume queue ``name`` (``Client.pause_queue`` / ``resume_queue``); a
+    sentence saying what happened (nothing changes for a queue already in that state).
+
+    Raises:
+        ValidationError: a bad queue name (empty, NUL, over 256 bytes); nothing written.
+    """
+    if paused:
+        changed = await client.pause_queue(name)
+        return f"queue {name!r} paused" if changed else f"queue {name!r} was already paused"
+    changed = await client.resume_queue(name)
+    return f"queue {name!r} resumed" if changed else f"queue {name!r} was not paused"
 
 
 async def set_schedule(client: Client, schedule_id: str, enabled: bool) -> str:

@@ -4,8 +4,9 @@ form POSTs with the page's CSRF token; the POST runs the action through
 with a message, or shows the confirmation page again with the error.
 
 Routes: ``/runs/{id}/actions/{cancel|pause|resume|retry|signal}``,
-``/schedules/actions/{enable|disable}?id=ID``, ``/purge``, ``/logout``. In read-only
-mode every one answers 403.
+``/schedules/actions/{enable|disable}?id=ID``, ``/queues/actions/{pause|resume}?name=NAME``
+(the queues tables post to it from a button, with the page's CSRF token), ``/purge``,
+``/logout``. In read-only mode every one answers 403.
 """
 
 from __future__ import annotations
@@ -159,6 +160,38 @@ async def schedule_action(request: Request) -> Response:
     )
 
 
+async def queue_action(request: Request) -> Response:
+    """``/queues/actions/{pause|resume}?name=NAME``: confirmation (GET) or the change
+    (POST; the queues tables' buttons post it at once). The name is a query parameter:
+    a queue name may hold a ``/``. After it, the page named by the form's ``back``
+    (``overview``, else the queues page) says what was done."""
+    _writable(request)
+    name = request.query_params.get("name", "")
+    action: str = request.path_params["action"]
+    if action not in ("pause", "resume"):
+        raise NotFoundError(f"no queue action {action!r}; they are pause and resume")
+    backend = request.app.state.backend
+    await backend.open()
+    if request.method == "POST":
+        form = await _form(request)
+        try:
+            message = await actions.set_queue_paused(backend.client, name, action == "pause")
+        except CycloneError as exc:
+            return render(
+                request,
+                "confirm_queue.html",
+                status_of(exc),
+                nav="queues",
+                name=name,
+                action=action,
+                flash=str(exc),
+                flash_error=True,
+            )
+        back = "/" if form.get("back") == "overview" else "/queues"
+        return _back(request, f"{root(request)}{back}", message)
+    return render(request, "confirm_queue.html", nav="queues", name=name, action=action)
+
+
 async def purge(request: Request) -> Response:
     """``/purge``: confirmation (GET) or the purge (POST, ``older_than`` seconds)."""
     _writable(request)
@@ -193,6 +226,7 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/runs/{run_id:int}/actions/{action}", run_action, methods=both),
         Route("/schedules/actions/{action}", schedule_action, methods=both),
+        Route("/queues/actions/{action}", queue_action, methods=both),
         Route("/purge", purge, methods=both),
         Route("/logout", logout, methods=["POST"]),
     ]

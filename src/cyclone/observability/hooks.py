@@ -28,8 +28,10 @@ Outcome = Literal["completed", "failed", "discarded", "released", "lost"]
 * ``completed``: its completion committed;
 * ``failed``: it raised (or timed out) and was put back for a retry with backoff;
 * ``discarded``: it raised (or timed out, or its input could not be assembled) and was
-  discarded (attempts spent, ``Discard``, a non-retried error);
-* ``released``: given back at shutdown (no attempt counted);
+  discarded (attempts spent, ``Discard``, a non-retried error, ``Snooze`` past the
+  kind's ``max_snoozes``);
+* ``released``: given back at shutdown, or by its handler's ``Snooze`` (no attempt
+  counted);
 * ``lost``: its lease ended before its outcome was written (reclaimed by a sweep,
   cancelled, or a stale completion or failure the CAS refused).
 """

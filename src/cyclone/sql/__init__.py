@@ -41,6 +41,7 @@ from cyclone.sql.dashboard_rows import (
     ValueRow,
     WorkerRow,
 )
+from cyclone.sql.flow_rows import KindNameRow, LimitsRow, StoredLimitsRow
 from cyclone.sql.rows import (
     BackendRow,
     ChildDoneRow,
@@ -71,6 +72,7 @@ from cyclone.sql.rows import (
     ScheduleRow,
     SignalRow,
     SignalTimeoutRow,
+    SnoozeRow,
     StateRow,
     StepNameRow,
     StepQueueRow,
@@ -92,6 +94,7 @@ __all__ = [
     "Queries",
     "Query",
     "claim_limit",
+    "claim_limited_sql",
     "claim_sql",
     "load_blocks",
     "load_fragments",
@@ -104,6 +107,8 @@ _FILES = (
     "fragments.sql",
     "enqueue.sql",
     "steps.sql",
+    "claims.sql",
+    "limits.sql",
     "waits.sql",
     "graph.sql",
     "runs.sql",
@@ -114,6 +119,7 @@ _FILES = (
     "migrate.sql",
     "monitor.sql",
     "dashboard.sql",
+    "queues.sql",
 )
 
 
@@ -237,8 +243,15 @@ class Queries:
     steps_enqueue_many: Query[EnqueuedRow]
     steps_enqueue_keyed: Query[KeyedEnqueuedRow]
     steps_find_submit_keys: Query[SubmitKeyRow]
-    # steps.sql
+    # claims.sql
     steps_claim: Query[ClaimRow]
+    steps_claim_limited: Query[None]
+    steps_claim_admit: Query[ClaimRow]
+    # limits.sql
+    limits_write: Query[LimitsRow]
+    limits_limited: Query[KindNameRow]
+    limits_list: Query[StoredLimitsRow]
+    # steps.sql
     steps_sequence_lock: Query[None]
     steps_sequence_release: Query[IdRow]
     steps_heartbeat: Query[HeartbeatRow]
@@ -255,6 +268,8 @@ class Queries:
     steps_get: Query[Step]
     steps_tx_backend: Query[BackendRow]
     steps_end_tx_backend: Query[TerminatedRow]
+    steps_snooze: Query[SnoozeRow]
+    steps_snooze_discard: Query[IdRow]
     # waits.sql
     steps_timers_due: Query[StepRunRow]
     steps_signal_timeouts_due: Query[SignalTimeoutRow]
@@ -351,6 +366,9 @@ class Queries:
     dashboard_kinds_finished: Query[KindFinishedRow]
     dashboard_workers: Query[WorkerRow]
     dashboard_schedules: Query[ScheduleLineRow]
+    # queues.sql
+    queues_pause: Query[QueueRow]
+    queues_resume: Query[QueueRow]
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)
@@ -388,6 +406,12 @@ _CLAIMS: dict[int, Query[ClaimRow]] = {
 }
 
 
+_LIMITED_CLAIMS: dict[int, Query[None]] = {
+    n: Q.steps_claim_limited.with_sql(Q.steps_claim_limited.sql.replace("%(limit)s", str(n)))
+    for n in CLAIM_LIMITS
+}
+
+
 def claim_limit(wanted: int) -> int:
     """The largest of :data:`CLAIM_LIMITS` not above ``wanted`` (``wanted`` >= 1)."""
     return max(n for n in CLAIM_LIMITS if n <= max(1, wanted))
@@ -408,3 +432,13 @@ def claim_sql(limit: int) -> Query[ClaimRow]:
         KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.
     """
     return _CLAIMS[limit]
+
+
+def claim_limited_sql(limit: int) -> Query[None]:
+    """``steps_claim_limited`` with its ``LIMIT`` written as the constant ``limit``, as
+    :func:`claim_sql` writes ``steps_claim``.
+
+    Raises:
+        KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.
+    """
+    return _LIMITED_CLAIMS[limit]

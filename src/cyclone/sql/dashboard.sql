@@ -12,13 +12,15 @@
 -- Unfinished work per queue, as cyclone_v_queues counts it, read from the partial
 -- indexes of the engine (one arm per state: idx_steps_claim, idx_steps_lease,
 -- idx_steps_signal, idx_steps_timer, idx_steps_waiting_child) instead of a scan of
--- every unfinished step.
+-- every unfinished step; and whether the queue is paused, a paused queue without
+-- unfinished work listed too (the last arm, cyclone_queue_pauses: a few rows).
 SELECT q.queue,
        sum(q.available)::bigint AS available,
        sum(q.running)::bigint AS running,
        sum(q.waiting)::bigint AS waiting,
        extract(epoch FROM max(q.oldest))::float8 AS oldest_available_age,
-       sum(q.expired)::bigint AS expired_leases
+       sum(q.expired)::bigint AS expired_leases,
+       EXISTS (SELECT 1 FROM cyclone_queue_pauses p WHERE p.queue = q.queue) AS paused
 FROM (
     SELECT s.queue, count(*) AS available, 0 AS running, 0 AS waiting,
            max(now() - s.scheduled_at) FILTER (WHERE s.scheduled_at <= now()) AS oldest,
@@ -36,6 +38,9 @@ FROM (
     UNION ALL
     SELECT s.queue, 0, 0, count(*), NULL, 0
     FROM cyclone_steps s WHERE s.state = 'waiting_child' GROUP BY s.queue
+    UNION ALL
+    SELECT p.queue, 0, 0, 0, NULL, 0
+    FROM cyclone_queue_pauses p
 ) q
 GROUP BY q.queue
 ORDER BY q.queue;

@@ -7,7 +7,7 @@
 -- The insert of a standalone run's one step (a job): its columns.
 INSERT INTO cyclone_steps (
     run_id, node, kind, state, queue, priority, max_attempts, scheduled_at,
-    timeout, unique_key, sequence_key, retention)
+    timeout, unique_key, sequence_key, retention, concurrency_key, rate_key, fairness_key)
 
 
 -- fragment: job_step_values
@@ -19,7 +19,8 @@ coalesce(%(scheduled_at)s::timestamptz,
          now() + %(delay_us)s::bigint * interval '1 microsecond'),
 %(timeout_us)s::bigint * interval '1 microsecond',
 %(unique_key)s, %(sequence_key)s,
-%(retention_us)s::bigint * interval '1 microsecond'
+%(retention_us)s::bigint * interval '1 microsecond',
+%(concurrency_key)s, %(rate_key)s, %(fairness_key)s
 
 
 -- name: steps_enqueue

@@ -57,6 +57,7 @@ SELECT s.id, s.run_id, s.node, s.kind, s.state, s.queue, s.priority,
        s.lease_generation, s.heartbeat_at, s.scheduled_at, s.created_at, s.started_at,
        s.completed_at, s.unique_key, s.sequence_key,
        extract(epoch FROM s.timeout)::float8 AS timeout_s,
-       extract(epoch FROM s.retention)::float8 AS retention_s
+       extract(epoch FROM s.retention)::float8 AS retention_s,
+       s.snoozes
 FROM cyclone_steps s
 JOIN cyclone_runs r ON r.id = s.run_id

@@ -125,7 +125,7 @@ CROSS JOIN (
 WITH reached AS (
     SELECT f.run_id, f.node, f.kind, f.queue, f.priority, f.max_attempts, f.timeout,
            f.retention, f.fan_out_parallel, f.fan_out_max_items, r.state AS run_state,
-           src.output AS over
+           src.output AS over, f.concurrency_key, f.rate_key, f.fairness_key, f.item_keys
     FROM cyclone_deps e
     JOIN cyclone_steps f ON f.run_id = e.run_id AND f.node = e.node
     JOIN cyclone_runs r ON r.id = f.run_id
@@ -142,13 +142,19 @@ WITH reached AS (
 ), expanded AS (
     INSERT INTO cyclone_steps (
         run_id, node, kind, state, input, queue, priority, max_attempts, timeout,
-        retention, item_of, item_index)
+        retention, item_of, item_index, concurrency_key, rate_key, fairness_key)
     SELECT f.run_id, f.node || '[' || (e.ord - 1) || ']', f.kind,
            CASE WHEN f.fan_out_parallel <> 0 AND e.ord > f.fan_out_parallel THEN 'pending'
                 WHEN f.run_state = 'paused' THEN 'paused'
                 ELSE 'available' END,
            e.value, f.queue, f.priority, f.max_attempts, f.timeout, f.retention, f.node,
-           (e.ord - 1)::integer
+           (e.ord - 1)::integer,
+           -- a key given as cyclone.ItemKey(field) is read from the item (migration 9)
+           coalesce(cyclone_item_key_v1(e.value, f.item_keys ->> 'concurrency_key'),
+                    f.concurrency_key),
+           coalesce(cyclone_item_key_v1(e.value, f.item_keys ->> 'rate_key'), f.rate_key),
+           coalesce(cyclone_item_key_v1(e.value, f.item_keys ->> 'fairness_key'),
+                    f.fairness_key)
     FROM reached f,
          jsonb_array_elements(
              CASE WHEN jsonb_typeof(f.over) <> 'array' THEN '[]'::jsonb

@@ -1,20 +1,22 @@
 -- Read-only inspection for operators: the `cyclone` command, client statistics and the
 -- database gauges of the Prometheus metrics (cyclone.observability).
 --
--- Every statement here only reads, mostly through the monitoring views of the first
--- migration (cyclone_v_steps, cyclone_v_kinds, cyclone_v_queues). Ages come back as
--- seconds (float8) so that callers need no interval parsing.
+-- Every statement here only reads, mostly through the monitoring views (cyclone_v_steps
+-- and cyclone_v_kinds of the first migration, cyclone_queues_v1 of the ninth). Ages come
+-- back as seconds (float8) so that callers need no interval parsing.
 
 
 -- name: monitor_queues
--- One row per queue with unfinished steps (cyclone_v_queues), in queue name order.
+-- One row per queue with unfinished steps or paused (cyclone_queues_v1: the counts of
+-- cyclone_v_queues and the queue's pause), in queue name order.
 SELECT v.queue,
        v.available,
        v.running,
        v.waiting,
        extract(epoch FROM v.oldest_available_age)::float8 AS oldest_available_age,
-       v.expired_leases
-FROM cyclone_v_queues v
+       v.expired_leases,
+       v.paused
+FROM cyclone_queues_v1 v
 ORDER BY v.queue;
 
 

@@ -46,6 +46,7 @@ __all__ = [
     "ScheduleRow",
     "SignalRow",
     "SignalTimeoutRow",
+    "SnoozeRow",
     "StateRow",
     "StepNameRow",
     "StepQueueRow",
@@ -94,6 +95,13 @@ class StepQueueRow(NamedTuple):
 
     id: int
     queue: str
+
+
+class SnoozeRow(NamedTuple):
+    """A step given back by its handler's ``Snooze``, and its snoozes so far."""
+
+    id: int
+    snoozes: int
 
 
 class QueueRow(NamedTuple):

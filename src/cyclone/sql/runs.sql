@@ -37,7 +37,7 @@ WITH run AS (
         run_id, node, kind, state, input, input_from, queue, priority, max_attempts,
         timeout, retention, on_dep_failure, wait_for, signal_name, signal_names, wait_count,
         fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
-        child_needs_result, scheduled_at)
+        child_needs_result, scheduled_at, concurrency_key, rate_key, fairness_key, item_keys)
     SELECT run.id, n.node, n.kind,
            CASE WHEN n.root THEN cyclone_reached_state_v1(n.kind, 'running')
                 ELSE 'pending' END,
@@ -51,19 +51,21 @@ WITH run AS (
                 THEN cyclone_reached_at_v1(n.kind, 'running',
                                            n.wait_for_us * interval '1 microsecond', now(),
                                            now())
-                ELSE now() END
+                ELSE now() END,
+           n.concurrency_key, n.rate_key, n.fairness_key, n.item_keys
     FROM run,
          ROWS FROM (jsonb_to_recordset(%(nodes)s::jsonb) AS (
              node text, kind text, root boolean, input jsonb, input_from text, queue text,
              priority integer, max_attempts integer, timeout_us bigint, retention_us bigint,
              on_dep_failure text, wait_for_us bigint, signal_name text, signal_names text[],
              wait_count integer, fan_out_parallel integer, fan_out_max_bytes bigint,
-             fan_out_max_items integer, child_workflow text, child_needs_result boolean))
+             fan_out_max_items integer, child_workflow text, child_needs_result boolean,
+             concurrency_key text, rate_key text, fairness_key text, item_keys jsonb))
              WITH ORDINALITY AS n (
              node, kind, root, input, input_from, queue, priority, max_attempts, timeout_us,
              retention_us, on_dep_failure, wait_for_us, signal_name, signal_names, wait_count,
              fan_out_parallel, fan_out_max_bytes, fan_out_max_items, child_workflow,
-             child_needs_result, ord)
+             child_needs_result, concurrency_key, rate_key, fairness_key, item_keys, ord)
     ORDER BY n.ord
 ), deps AS (
     INSERT INTO cyclone_deps (run_id, node, dep_node, dep_type)

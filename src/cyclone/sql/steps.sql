@@ -1,5 +1,5 @@
--- Statements on cyclone_steps: claim, heartbeat, outcomes, recovery (the enqueue is in
--- enqueue.sql, the wait scanner's statements in waits.sql).
+-- Statements on cyclone_steps: heartbeat, outcomes, recovery (the claim is in
+-- claims.sql, the enqueue in enqueue.sql, the wait scanner's statements in waits.sql).
 --
 -- Every state transition here is a compare-and-swap: the WHERE clause names the state
 -- the row must be in and, for a worker's transition, the lease owner and the lease
@@ -43,17 +43,17 @@ AND s.lease_generation = v.generation
 -- fragment: sequence_step_ahead
 -- A step e of the sequence key of step s that keeps s from the head of its key: e is
 -- active and running, or comes first in the key's order (steps started before, a
--- failed attempt waiting out its backoff or a reclaim, first; then by (scheduled_at,
--- id)). The row comparison reads: e comes first if e is started and s is not, or both
--- are alike and e is earlier.
+-- failed attempt waiting out its backoff, a reclaim or a snooze, first; then by
+-- (scheduled_at, id)). The row comparison reads: e comes first if e is started and s
+-- is not, or both are alike and e is earlier.
 SELECT 1
 FROM cyclone_steps e
 WHERE e.sequence_key = s.sequence_key
   AND e.state NOT IN ('completed', 'discarded', 'cancelled')
   AND e.id <> s.id
   AND (e.state = 'running'
-       OR ((e.attempt > 0 OR e.reclaims > 0), s.scheduled_at, s.id)
-          > ((s.attempt > 0 OR s.reclaims > 0), e.scheduled_at, e.id))
+       OR ((e.attempt > 0 OR e.reclaims > 0 OR e.snoozes > 0), s.scheduled_at, s.id)
+          > ((s.attempt > 0 OR s.reclaims > 0 OR s.snoozes > 0), e.scheduled_at, e.id))
 
 
 -- fragment: step_bindings
@@ -62,105 +62,6 @@ WHERE e.sequence_key = s.sequence_key
 SELECT array_agg(i.dep_node ORDER BY i.slot) AS binding_nodes,
        array_agg(i.assembly_mode ORDER BY i.slot) AS binding_modes
 FROM cyclone_step_inputs i
-
-
--- name: steps_claim
--- The claim: lock up to %(limit)s due, available steps of
--- one queue and of the kinds this worker registers, highest priority first, then
--- earliest scheduled_at; skip rows other workers hold; move them to running under a
--- lease the database clock computes from the TTL. A step enqueued without a timeout
--- (by a producer that does not know the kind) takes the timeout the worker's kind
--- declares (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim
--- on. Steps of runs whose def_version this worker has found foreign (%(foreign)s, a
--- def_version names its workflow too) are skipped, so a mismatch is given back once per
--- worker, not claimed again and again. A workflow step also returns its data edge
--- (input_from) and its input bindings (binding_nodes and binding_modes, aligned, in slot
--- order), which the worker resolves from upstream outputs; a standalone job
--- (def_version 'job') skips that lookup. Each step also returns what its trace span
--- and metrics need: its reclaims, its run's trace context and how long it waited since
--- it was ready: since it was due (scheduled_at), and for a workflow step since its last
--- upstream step completed if that came later (a node keeps the scheduled_at of its
--- submit while it waits for its dependencies): two index probes per dependency, as
--- the advance that made it available paid, and only when %(latency)s (tracing or
--- metrics are on; otherwise a workflow step's figure is since its scheduled_at).
--- The ORDER BY is exactly the order of
--- idx_steps_claim, so a backlog of any size is read from the index, never sorted;
--- equal keys come in index (insertion) order.
--- A step of a run that is not running (paused) is never taken, whatever raced it back to
--- available. A sequenced step (sequence_key) is claimable only at the head of its key: no other
--- active step of the key is running or comes before it in the key's order, which puts
--- steps started before (a failed attempt waiting out its backoff, or a reclaim) first,
--- then the rest by (scheduled_at, id). The row comparison reads: e comes first if e is
--- started and s is not, or both are alike and e is earlier. steps_sequence_release
--- rechecks the rule under the key's lock after the claim commits.
--- Plan: the LIMIT is a constant (cyclone.sql.claim_sql writes one of CLAIM_LIMITS), and
--- the queue, the kinds and the foreign versions are read through one-row sub-SELECTs,
--- which no plan can look into: the generic plan of the prepared claim then costs what a
--- custom one does, so PostgreSQL keeps it after five executions and stops planning
--- every claim (half of the claim's server time). Neither plan depends on their values.
-WITH claimable AS (
-    SELECT s.id, s.run_id, s.node, s.state
-    FROM cyclone_steps s
-    WHERE s.state = 'available'
-      AND s.queue = (SELECT %(queue)s::text)
-      AND s.scheduled_at <= now()
-      AND s.kind = ANY((SELECT %(kinds)s::text[])::text[])
-      -- a fan-out node is the scanner's, never a worker's
-      AND s.fan_out_parallel IS NULL
-      -- OFFSET 0: a primary-key probe per row, never a hash of every run
-      AND (cardinality((SELECT %(foreign)s::text[])) = 0 OR NOT EXISTS (
-              SELECT 1
-              FROM cyclone_runs f
-              WHERE f.id = s.run_id
-                AND f.def_version = ANY((SELECT %(foreign)s::text[])::text[])
-              OFFSET 0))
-      AND (s.sequence_key IS NULL OR NOT EXISTS (
-              -- use: sequence_step_ahead
-          ))
-    ORDER BY s.priority DESC, s.scheduled_at
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
-), runnable AS (
-    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent,
-           b.binding_nodes, b.binding_modes
-    FROM claimable c
-    CROSS JOIN LATERAL (
-        SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent
-        FROM cyclone_runs r
-        WHERE r.id = c.run_id
-        OFFSET 0) r
-    CROSS JOIN LATERAL (
-        -- use: step_bindings
-        WHERE r.def_version <> 'job'
-          AND i.run_id = c.run_id AND i.node = c.node) b
-    WHERE r.state = 'running'
-)
-UPDATE cyclone_steps s
-SET state = 'running',
-    lease_owner = %(owner)s,
-    lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
-    heartbeat_at = now(),
-    started_at = now(),
-    lease_generation = s.lease_generation + 1,
-    timeout = coalesce(s.timeout, k.timeout_us * interval '1 microsecond')
-FROM runnable c,
-     unnest((SELECT %(kinds)s::text[]), (SELECT %(timeouts_us)s::bigint[])) AS k (kind, timeout_us)
-WHERE s.id = c.id
-  AND s.state = c.state
-  AND k.kind = s.kind
-RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
-          s.attempt, s.max_attempts, s.lease_generation,
-          extract(epoch FROM s.timeout)::float8 AS timeout_s,
-          s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
-          c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent,
-          extract(epoch FROM now() - CASE
-              WHEN c.def_version = 'job' OR NOT (SELECT %(latency)s::boolean) THEN s.scheduled_at
-              ELSE greatest(s.scheduled_at, (
-                  SELECT max(p.completed_at)
-                  FROM cyclone_deps d
-                  JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
-                  WHERE d.run_id = s.run_id AND d.node = s.node)) END
-          )::float8 AS queue_latency_s;
 
 
 -- name: steps_sequence_lock
@@ -441,3 +342,45 @@ FROM pg_stat_activity a
 WHERE a.pid = %(pid)s
   AND a.xact_start = %(xact_start)s
   AND a.backend_type = 'client backend';
+
+
+-- name: steps_snooze
+-- A handler raised Snooze (cyclone.snoozing): give the held step back for later without
+-- counting an attempt. snoozes + 1, claimable again at now() + %(delay_us)s on the
+-- database clock (in a paused run it is parked as paused until resume), lease cleared;
+-- attempt, error, error_kind and panic_stack stay as they were (a snooze is not a
+-- failure: they keep telling the last failed attempt, if any). Only while the step has
+-- snoozed fewer than %(max_snoozes)s times: no row back is either a step at its limit
+-- (steps_snooze_discard follows) or a stale snooze (the lease was lost before it).
+UPDATE cyclone_steps s
+SET snoozes = snoozes + 1,
+    scheduled_at = now() + %(delay_us)s::bigint * interval '1 microsecond',
+    -- use: step_given_back
+WHERE id = %(id)s
+  AND (state = 'running') IS TRUE
+  AND lease_owner = %(owner)s
+  AND lease_generation = %(generation)s
+  AND snoozes < %(max_snoozes)s
+RETURNING id, snoozes;
+
+
+-- name: steps_snooze_discard
+-- A handler raised Snooze once more than its kind's max_snoozes allows: the step is
+-- dead-lettered with error_kind 'snooze_limit' (the error names the count and the
+-- limit; panic_stack is where the handler raised it). Not a snooze (snoozes stays at the
+-- limit) but a failed attempt, as a Discard is (attempt + 1). Runs after runs_lock and
+-- before graph_resolve_discard in one transaction, as steps_discard; no row back is a
+-- stale snooze.
+UPDATE cyclone_steps
+SET state = 'discarded',
+    attempt = attempt + 1,
+    error = 'snoozed ' || snoozes || ' times, max_snoozes is ' || %(max_snoozes)s::int,
+    error_kind = 'snooze_limit',
+    panic_stack = %(panic_stack)s,
+    -- use: step_closed
+WHERE id = %(id)s
+  AND (state = 'running') IS TRUE
+  AND lease_owner = %(owner)s
+  AND lease_generation = %(generation)s
+  AND snoozes >= %(max_snoozes)s
+RETURNING id;

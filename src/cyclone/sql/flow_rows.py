@@ -1,0 +1,39 @@
+"""Row types of the flow-control statements (``limits.sql``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import NamedTuple
+
+__all__ = ["KindNameRow", "LimitsRow", "StoredLimitsRow"]
+
+
+class KindNameRow(NamedTuple):
+    """A kind name (a kind with limits stored)."""
+
+    kind: str
+
+
+class LimitsRow(NamedTuple):
+    """A kind's stored limits that a client's start replaced, and who wrote them."""
+
+    kind: str
+    max_concurrency: int | None
+    rate_count: int | None
+    rate_per: float | None
+    rate_burst: int
+    max_snoozes: int
+    written_by: str
+
+
+class StoredLimitsRow(NamedTuple):
+    """A kind's stored limits, who wrote them and when (``cyclone kinds``)."""
+
+    kind: str
+    max_concurrency: int | None
+    rate_count: int | None
+    rate_per: float | None
+    rate_burst: int
+    max_snoozes: int
+    written_by: str
+    written_at: datetime
