@@ -2,7 +2,11 @@
 
 One :class:`Claimer` per worker runs each claim on the lease pool: ``steps_claim``
 (``FOR UPDATE SKIP LOCKED`` and a CAS update to ``running`` under a fresh lease
-owner), then, on the same connection, the sequence
+owner) for the kinds without limits and, for the kinds ``cyclone_kind_limits`` says
+are limited, the limited claim (``steps_claim_limited`` then ``steps_claim_admit``, one
+transaction in one round trip: docs/flow-control.md), the two taking turns going
+first; the fairness key each claim of a queue ended with, where the next claim's turn
+starts; then, on the same connection, the sequence
 recheck of steps with a ``sequence_key``, the def_version check of workflow steps
 (a foreign one is given back for a worker that has its definition, and skipped by this
 worker's later claims), and the assembly of data-edge inputs from upstream outputs
@@ -12,7 +16,8 @@ worker's later claims), and the assembly of data-edge inputs from upstream outpu
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+import math
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -34,7 +39,7 @@ from cyclone.transitions import (
     sequence_recheck_stmts,
 )
 
-__all__ = ["MAX_FOREIGN_VERSIONS", "Claimer", "Release"]
+__all__ = ["MAX_FOREIGN_VERSIONS", "Claimer", "Release", "next_turn"]
 
 log = logging.getLogger("cyclone.worker")
 
@@ -42,6 +47,17 @@ MAX_FOREIGN_VERSIONS = 1000
 """Foreign def_versions a worker remembers (and its claim skips)."""
 
 Release = Callable[[list[Claimed], str], Awaitable[object]]
+
+
+def next_turn(after: str, keys: Iterable[str | None]) -> str:
+    """The fairness key a claim ended its turn with: claims take keys in turn after
+    ``after``, ascending, then from the first again (``keys``: those of the steps it
+    took; no key counts as ``''``)."""
+    taken = {key or "" for key in keys}
+    wrapped = [key for key in taken if key <= after]
+    return max(wrapped) if wrapped else max(taken, default=after)
+
+
 """Gives claimed steps back (``why`` for the log) without counting a reclaim."""
 
 
@@ -71,12 +87,19 @@ class Claimer:
         self._measure = measure  # whether a claim computes workflow steps' ready time
         self.limited = LimitedKinds(self._kinds)
         """Which of this worker's kinds are limited (claimed by the limited claim)."""
+        self._turns: dict[str, str] = {}  # queue -> the fairness key its last claim ended with
+        windows = [h.limits.rate_limit.per for h in handlers.values() if h.limits.rate_limit]
+        self.rate_window = min(windows, default=math.inf)
+        """Seconds: the shortest rate-limit window of this worker's kinds (a spent bucket
+        has room again within it); infinite without rate limits."""
         self.outputs = OutputCache()
         """Upstream outputs read to assemble data-edge inputs (by (run id, node))."""
 
     async def claim(self, queue: str, limit: int, *, release: Release) -> list[Claimed]:
         """Claim up to ``limit`` steps of ``queue`` (one of ``CLAIM_LIMITS``) on the
-        lease pool: the steps this worker may run, inputs resolved.
+        lease pool: the steps this worker may run, inputs resolved. The kinds the
+        limits table says are limited (read again every few seconds) go through the
+        limited claim, the others through ``steps_claim``.
 
         After the claim statement, on the same connection: steps a sequence recheck
         gives back are dropped, workflow steps of a def_version this worker does not
@@ -104,20 +127,25 @@ class Claimer:
                 limit=claim_limit(n),
                 foreign=self._foreign,
                 latency=latency,
+                after=self._turns.get(queue, ""),
             )
 
         async with self._lease_pool.connection() as conn:
             limited = await self.limited.refresh(conn)
             # A queue shared by limited and other kinds: the two claims take turns
             # going first, so neither can take every free slot claim after claim.
+            # A worker whose kinds are all limited has nothing for the other claim.
             limited_first = bool(limited) and self._serial % 2 == 0
             rows: list[ClaimRow] = []
             if limited_first:
                 rows = await self._claim_limited(conn, plain(limit))
-            if len(rows) < limit:
+            if len(rows) < limit and not limited.issuperset(self._kinds):
                 rows += await fetch_async(conn, plain(limit - len(rows)))
             if limited and not limited_first and len(rows) < limit:
                 rows += await self._claim_limited(conn, plain(limit - len(rows)))
+            if rows:
+                after = self._turns.get(queue, "")
+                self._turns[queue] = next_turn(after, (row.fairness_key for row in rows))
             claimed = parse_claimed(rows, queue, owner, self._parents)
             try:
                 sequenced = [step for step in claimed if step.sequence_key is not None]
@@ -142,6 +170,10 @@ class Claimer:
                 raise
         return claimed
 
+    def holds_limited(self, steps: Iterable[Claimed]) -> bool:
+        """Whether one of ``steps`` is of a kind this worker found limited."""
+        return any(step.kind in self.limited.limited for step in steps)
+
     @staticmethod
     async def _claim_limited(
         conn: psycopg.AsyncConnection[Any], plain: Stmt[ClaimRow]
@@ -155,7 +187,7 @@ class Claimer:
         assert params is not None
         select = Stmt(
             claim_limited_sql(params["limit"]),
-            {k: params[k] for k in ("queue", "kinds", "foreign")},
+            {k: params[k] for k in ("queue", "kinds", "foreign", "after")},
         )
         admit = Stmt(
             Q.steps_claim_admit,

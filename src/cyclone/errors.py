@@ -141,7 +141,9 @@ class Snooze(CycloneError):
         else:
             raise ValidationError(f"Snooze delay must be a timedelta or seconds, got {delay!r}")
         if not math.isfinite(value) or value < 0 or value > 100 * 365.25 * 86400:
-            raise ValidationError(f"Snooze delay must be zero or more seconds, got {delay!r}")
+            raise ValidationError(
+                f"Snooze delay must be zero or more seconds, at most a century, got {delay!r}"
+            )
         super().__init__(f"snoozed for {value:g} s")
         self.delay: float = value
 

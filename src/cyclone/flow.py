@@ -19,12 +19,17 @@ from cyclone.options import INT32_MAX, Duration, check_int, check_text, seconds
 
 __all__ = [
     "DEFAULT_MAX_SNOOZES",
+    "MAX_RATE",
     "ItemKey",
     "KindLimits",
     "RateLimit",
     "check_flow_key",
     "rate_limit_of",
 ]
+
+MAX_RATE = 10_000
+"""Largest ``count + burst`` of a rate limit: a bucket keeps the time of every start in
+its window, and a claim reads and rewrites them (about 8 bytes each)."""
 
 DEFAULT_MAX_SNOOZES = 100
 """Snoozes allowed for one step before it is discarded (``error_kind = 'snooze_limit'``)."""
@@ -46,8 +51,9 @@ class RateLimit:
 
     Attributes:
         count: starts per window (>= 1).
-        per: the window, seconds (> 0, at most one day).
-        burst: extra starts allowed after a quiet spell (>= 0).
+        per: the window, seconds (1 ms to one day).
+        burst: extra starts allowed after a quiet spell (>= 0); ``count + burst`` is at
+            most :data:`MAX_RATE` (10,000).
 
     Raises:
         ValidationError: a count, window or burst out of range.
@@ -60,11 +66,16 @@ class RateLimit:
     burst: int = 0
 
     def __init__(self, count: int, per: Duration = 1.0, burst: int = 0) -> None:
-        object.__setattr__(self, "count", check_int(count, "rate_limit count", 1, 1_000_000))
+        object.__setattr__(self, "count", check_int(count, "rate_limit count", 1, MAX_RATE))
         window = seconds(per, "rate_limit per", minimum=0.001, maximum=86_400.0)
         assert window is not None
         object.__setattr__(self, "per", window)
-        object.__setattr__(self, "burst", check_int(burst, "rate_limit burst", 0, 1_000_000))
+        object.__setattr__(self, "burst", check_int(burst, "rate_limit burst", 0, MAX_RATE))
+        if self.count + self.burst > MAX_RATE:
+            raise ValidationError(
+                f"rate_limit count + burst must be at most {MAX_RATE:,} (each start in the "
+                f"window is kept), got {self.count} + {self.burst}"
+            )
 
     @classmethod
     def parse(cls, text: str) -> RateLimit:

@@ -110,6 +110,7 @@ def claim_stmt(
     timeouts: Sequence[float | None] | None = None,
     foreign: Sequence[str] = (),
     latency: bool = False,
+    after: str = "",
 ) -> Stmt[ClaimRow]:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
@@ -118,7 +119,8 @@ def claim_stmt(
     timeouts, applied to a claimed step that has none. Steps of runs whose def_version
     is in ``foreign`` are skipped. With ``latency``, a workflow step's queue latency
     counts from its last upstream completion (a few index probes per dependency);
-    without, from its ``scheduled_at``.
+    without, from its ``scheduled_at``. ``after``: the fairness key the last claim of
+    the queue ended its turn with (claims rotate across fairness keys from the next).
     """
     return Stmt(
         claim_sql(limit),
@@ -131,6 +133,7 @@ def claim_stmt(
             "foreign": list(foreign),
             "latency": latency,
             "limit": limit,
+            "after": after,
         },
     )
 

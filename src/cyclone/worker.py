@@ -290,8 +290,10 @@ class Worker:
                 attributes = {"cyclone.queue": queue.name, "cyclone.claimed": len(claimed)}
                 record_span(f"cyclone.claim {queue.name}", started_ns, attributes)
                 self._schedule_heartbeats([self._dispatch(queue, step) for step in claimed])
-            if len(claimed) < limit:
-                await self._wait_wake(queue, settings.poll_interval)
+            # Limited steps came back: claim again at once (the next claim passes the
+            # groups now full); short of them, rate-limited kinds look at their window.
+            if len(claimed) < limit and not self._claimer.holds_limited(claimed):
+                await self._wait_wake(queue, min(settings.poll_interval, self._claimer.rate_window))
 
     async def _wait_wake(self, queue: _Queue, limit: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -344,6 +346,9 @@ class Worker:
             self._held.pop((held.step.id, held.step.owner), None)
             queue.busy -= 1
             queue.freed.set()
+            if held.step.kind in self._claimer.limited.limited:  # a place is free: claim
+                queue.wake.set()
+                self._announcer.announce(Wakeups.of_queues([queue.name]))
             held.report(self._observers)
 
     async def _execute_async(self, handler: Handler, held: Held, tx: CompletionTx) -> None:

@@ -67,7 +67,7 @@ def test_the_limited_claim_reads_the_claim_and_concurrency_indexes(
 ) -> None:
     """Candidates come from idx_steps_claim; nothing scans the steps or the runs (the
     groups' running steps are read from a partial index of running steps)."""
-    params = {"queue": "q0", "kinds": ["k"], "foreign": []}
+    params = {"queue": "q0", "kinds": ["k"], "foreign": [], "after": ""}
     text = plan(flow, Stmt(claim_limited_sql(10), params))
     assert "idx_steps_claim" in text
     scans = _scans(text)
@@ -87,6 +87,7 @@ def test_the_admission_reads_steps_by_id_and_groups_by_index(
         )
     ]
     flow.execute("SELECT set_config('cyclone.claimed', %s::bigint[]::text, false)", [ids])
+    flow.execute("SELECT set_config('cyclone.locked', '{}', false)")
     params = {
         "owner": "w",
         "ttl_us": 30_000_000,

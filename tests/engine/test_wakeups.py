@@ -197,6 +197,9 @@ async def test_a_wakeup_reaches_only_the_workers_of_its_queue(dsn: str) -> None:
         await apoll_until(lambda: asyncio.sleep(0, worker_b.listening), what="LISTEN up")
         assert worker_b.worker is not None
         async with cyclone.Client(dsn) as producer:
+            # The wakeup each worker gives itself when its LISTEN connects may still be
+            # claiming: a job of "b" first, so that worker b's loop is idle afterwards.
+            await producer.wait(await producer.enqueue("echo_b", "warm", queue="b"), timeout=30)
             before = worker_b.worker.claims
             await producer.wait(await producer.enqueue("echo", "a"), timeout=30)
             await producer.wait(await producer.enqueue("echo_b", "b", queue="b"), timeout=30)

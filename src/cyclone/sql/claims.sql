@@ -54,18 +54,23 @@ AND ((SELECT NOT limited FROM here) OR (
         WHERE b.kind = s.kind
           AND b.key = coalesce(s.rate_key, '')
           AND l.rate_count IS NOT NULL
-          AND cardinality(b.starts) >= l.rate_count + l.rate_burst
-          AND b.starts[cardinality(b.starts) - l.rate_count - l.rate_burst + 1]
-              > now() - l.rate_per * interval '1 second')))
+          AND ((cardinality(b.starts) >= l.rate_count + l.rate_burst
+                AND b.starts[cardinality(b.starts) - l.rate_count - l.rate_burst + 1]
+                    > now() - l.rate_per * interval '1 second')
+               OR (l.rate_burst > 0
+                   AND b.tokens + extract(epoch FROM now() - b.updated_at)
+                                  * l.rate_count / l.rate_per < 1)))))
 
 
 -- fragment: claim_here
--- The rest of "here" after its kinds: the queue, the foreign versions, the pause and
+-- The rest of "here" after its kinds: the queue, the foreign versions, the fairness key
+-- this worker's last claim of the queue ended its turn with (after), the pause and
 -- the fairness probe (the first key in idx_steps_fairness order: one probe of that
 -- index, empty unless steps have a fairness key, whatever the statistics say), from
 -- q, the claim's parameters.
 q.queue,
 q.foreign_versions,
+q.after,
 NOT EXISTS (SELECT 1 FROM cyclone_queue_pauses p WHERE p.queue = q.queue) AS open,
 (SELECT f.fairness_key
  FROM cyclone_steps f
@@ -79,7 +84,7 @@ NOT EXISTS (SELECT 1 FROM cyclone_queue_pauses p WHERE p.queue = q.queue) AS ope
 -- fragment: claim_params
 -- q: the claim's parameters as one row.
 (SELECT %(queue)s::text AS queue, %(kinds)s::text[] AS kinds,
-        %(foreign)s::text[] AS foreign_versions) AS q
+        %(foreign)s::text[] AS foreign_versions, %(after)s::text AS after) AS q
 
 
 -- fragment: group_places
@@ -105,9 +110,12 @@ group_places AS (
 -- keys. fair_keys steps from key to key of the queue through idx_steps_fairness (one
 -- probe per key); fair_heads reads the first %(limit)s claimable steps of each key in
 -- claim order, numbered (rn), and as many of the steps without a key (one more key of
--- the rotation). The claim then takes them by (priority, rn, scheduled_at): the first
--- step of every key before the second of any, within a priority. The cost is a probe
--- per key with available steps, and up to %(limit)s rows per key, at every claim.
+-- the rotation, fkey ''). The claim then takes them by (priority, rn, turn): the first
+-- step of every key before the second of any, within a priority, and the keys in
+-- turn, starting after the key this worker's last claim of the queue ended with (after)
+-- and wrapping around, so that claims of one step at a time still go round every key.
+-- The cost is a probe per key with available steps, and up to %(limit)s rows per key,
+-- at every claim.
 fair_keys (key) AS (
     SELECT (SELECT f.fairness_key
             FROM cyclone_steps f
@@ -128,10 +136,12 @@ fair_keys (key) AS (
     FROM fair_keys k
     WHERE k.key IS NOT NULL
 ), fair_heads AS (
-    SELECT h.id, h.priority, h.rn, h.scheduled_at, h.kind, h.concurrency_key
+    SELECT h.id, h.priority, h.rn, h.scheduled_at, h.kind, h.concurrency_key, h.rate_key,
+           h.fkey, (h.fkey <= (SELECT after FROM here), h.fkey) AS turn
     FROM fair_keys k
     CROSS JOIN LATERAL (
-        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key,
+        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key, s.rate_key,
+               s.fairness_key AS fkey,
                row_number() OVER (ORDER BY s.priority DESC, s.scheduled_at) AS rn
         FROM cyclone_steps s
         WHERE s.queue = (SELECT queue FROM here)
@@ -142,9 +152,11 @@ fair_keys (key) AS (
         LIMIT %(limit)s) h
     WHERE k.key IS NOT NULL
     UNION ALL
-    SELECT h.id, h.priority, h.rn, h.scheduled_at, h.kind, h.concurrency_key
+    SELECT h.id, h.priority, h.rn, h.scheduled_at, h.kind, h.concurrency_key, h.rate_key,
+           h.fkey, (h.fkey <= (SELECT after FROM here), h.fkey) AS turn
     FROM (
-        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key,
+        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key, s.rate_key,
+               ''::text AS fkey,
                row_number() OVER (ORDER BY s.priority DESC, s.scheduled_at) AS rn
         FROM cyclone_steps s
         WHERE (SELECT open AND fair FROM here)
@@ -172,7 +184,7 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
-          c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent,
+          c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent, s.fairness_key,
           extract(epoch FROM s.started_at - CASE
               WHEN c.def_version = 'job' OR NOT (SELECT %(latency)s::boolean) THEN s.scheduled_at
               ELSE greatest(s.scheduled_at, (
@@ -240,10 +252,13 @@ WITH RECURSIVE here AS (
 ), fair AS (
     SELECT s.id, s.run_id, s.node, s.state
     FROM unnest(ARRAY(
-             SELECT id FROM fair_heads ORDER BY priority DESC, rn, scheduled_at
+             SELECT id FROM fair_heads ORDER BY priority DESC, rn, turn
              LIMIT 2 * %(limit)s)) WITH ORDINALITY AS c (id, ord)
     JOIN cyclone_steps s ON s.id = c.id
+    -- rechecked once the row is locked: a step claimed and given back meanwhile
     WHERE s.state = 'available'
+      AND s.queue = (SELECT queue FROM here)
+      AND s.scheduled_at <= now()
     ORDER BY c.ord
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -314,9 +329,10 @@ WITH RECURSIVE here AS (
 -- use: fair_heads
 , plain_heads AS (
     SELECT s.id, s.priority, row_number() OVER (ORDER BY s.priority DESC, s.scheduled_at) AS rn,
-           s.scheduled_at, s.kind, s.concurrency_key
+           s.scheduled_at, s.kind, s.concurrency_key, s.rate_key, ''::text AS fkey,
+           (false, ''::text) AS turn
     FROM (
-        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key
+        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key, s.rate_key
         FROM cyclone_steps s
         WHERE (SELECT open AND NOT fair FROM here)
           AND s.state = 'available'
@@ -325,24 +341,38 @@ WITH RECURSIVE here AS (
         ORDER BY s.priority DESC, s.scheduled_at
         LIMIT 4 * %(limit)s) s
 ), picked AS (
-    -- at most the free places of each concurrency group (in this snapshot)
+    -- at most the free places of each concurrency group and the room of each rate
+    -- bucket (in this snapshot), so that one group or bucket cannot fill the claim
     SELECT p.id, p.ord
     FROM (
         SELECT h.id, h.ord, l.max_concurrency, coalesce(g.free, l.max_concurrency) AS free,
                row_number() OVER (
-                   PARTITION BY h.kind, coalesce(h.concurrency_key, '') ORDER BY h.ord) AS place
-        FROM (SELECT u.id, u.kind, u.concurrency_key,
-                     row_number() OVER (ORDER BY u.priority DESC, u.rn, u.scheduled_at) AS ord
+                   PARTITION BY h.kind, coalesce(h.concurrency_key, '') ORDER BY h.ord) AS place,
+               l.rate_count,
+               l.rate_count + l.rate_burst - coalesce((
+                   SELECT count(*)
+                   FROM unnest(b.starts) AS t
+                   WHERE t > now() - l.rate_per * interval '1 second'), 0) AS room,
+               row_number() OVER (
+                   PARTITION BY h.kind, coalesce(h.rate_key, '') ORDER BY h.ord) AS turn
+        FROM (SELECT u.id, u.kind, u.concurrency_key, u.rate_key,
+                     row_number() OVER (ORDER BY u.priority DESC, u.rn, u.turn) AS ord
               FROM (SELECT * FROM plain_heads UNION ALL SELECT * FROM fair_heads) AS u) AS h
         JOIN cyclone_kind_limits l ON l.kind = h.kind
         LEFT JOIN group_places g ON g.kind = h.kind AND g.key = coalesce(h.concurrency_key, '')
+        LEFT JOIN cyclone_rate_buckets b
+            ON b.kind = h.kind AND b.key = coalesce(h.rate_key, '') AND l.rate_count IS NOT NULL
     ) AS p
-    WHERE p.max_concurrency IS NULL OR p.place <= p.free
+    WHERE (p.max_concurrency IS NULL OR p.place <= p.free)
+      AND (p.rate_count IS NULL OR p.turn <= p.room)
 ), claimable AS (
     SELECT s.id, s.kind, s.concurrency_key, s.rate_key, c.ord
     FROM (SELECT id, ord FROM picked ORDER BY ord LIMIT 2 * %(limit)s) AS c
     JOIN cyclone_steps s ON s.id = c.id
+    -- rechecked once the row is locked: a step claimed and given back meanwhile
     WHERE s.state = 'available'
+      AND s.queue = (SELECT queue FROM here)
+      AND s.scheduled_at <= now()
     ORDER BY c.ord
     LIMIT %(limit)s
     FOR UPDATE OF s SKIP LOCKED
@@ -364,9 +394,14 @@ WITH RECURSIVE here AS (
           FROM (SELECT g FROM groups ORDER BY g::text) AS o) AS l
 )
 SELECT set_config(
-    'cyclone.claimed',
-    coalesce((SELECT array_agg(c.id ORDER BY c.ord) FROM claimable c, locked), '{}')::text,
-    true) AS ids;
+           'cyclone.claimed',
+           coalesce((SELECT array_agg(c.id ORDER BY c.ord) FROM claimable c, locked), '{}')::text,
+           true) AS ids,
+       set_config(
+           'cyclone.locked',
+           coalesce((SELECT array_agg(g.g::text ORDER BY g.g::text) FROM groups g, locked),
+                    '{}')::text,
+           true) AS groups;
 
 
 -- name: steps_claim_admit
@@ -396,6 +431,14 @@ WITH clock AS (
     JOIN cyclone_steps s ON s.id = v.id
     JOIN cyclone_kind_limits l ON l.kind = s.kind
     WHERE (s.state = 'available') IS TRUE
+      -- the limits read here are those steps_claim_limited locked for: a limit stored
+      -- in between, whose group or bucket it did not lock, waits for the next claim
+      AND (l.max_concurrency IS NULL
+           OR jsonb_build_array('concurrency', s.kind, coalesce(s.concurrency_key, ''))::text
+              = ANY(current_setting('cyclone.locked')::text[]))
+      AND (l.rate_count IS NULL
+           OR jsonb_build_array('rate', s.kind, coalesce(s.rate_key, ''))::text
+              = ANY(current_setting('cyclone.locked')::text[]))
       AND EXISTS (SELECT 1 FROM cyclone_runs r WHERE r.id = s.run_id AND r.state = 'running')
 ), running AS (
     SELECT s.kind, s.concurrency_key AS ckey, count(*) AS n

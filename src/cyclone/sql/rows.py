@@ -207,6 +207,7 @@ class ClaimRow(NamedTuple):
     binding_modes: list[str] | None
     reclaims: int
     traceparent: str | None
+    fairness_key: str | None
     queue_latency_s: float
 
 
