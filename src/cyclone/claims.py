@@ -30,6 +30,7 @@ from cyclone.inputs import InputError, OutputCache, assemble, needed
 from cyclone.limits import LimitedKinds
 from cyclone.observability.logs import step_log
 from cyclone.sql import Q, claim_limit, claim_limited_sql
+from cyclone.sql.flow_rows import LimitedRow
 from cyclone.sql.rows import ClaimRow
 from cyclone.transitions import (
     Claimed,
@@ -88,6 +89,9 @@ class Claimer:
         self.limited = LimitedKinds(self._kinds)
         """Which of this worker's kinds are limited (claimed by the limited claim)."""
         self._turns: dict[str, str] = {}  # queue -> the fairness key its last claim ended with
+        self._fair: dict[str, bool] = {}  # queue -> whether it held fairness keys at last claim
+        self.held: dict[str, bool] = {}
+        """Queue -> whether a limit held steps back at its last limited claim."""
         windows = [h.limits.rate_limit.per for h in handlers.values() if h.limits.rate_limit]
         self.rate_window = min(windows, default=math.inf)
         """Seconds: the shortest rate-limit window of this worker's kinds (a spent bucket
@@ -128,7 +132,27 @@ class Claimer:
                 foreign=self._foreign,
                 latency=latency,
                 after=self._turns.get(queue, ""),
+                fair=self._fair.get(queue, False),
             )
+
+        async def unlimited(n: int) -> list[ClaimRow]:
+            # Run for the wrong mode (fair or not), a claim takes nothing and says so.
+            for _ in range(2):
+                rows = await fetch_async(conn, plain(n))
+                if rows:
+                    self._fair[queue] = bool(rows[0].fair)
+                if not rows or rows[0].id is not None:
+                    return rows
+            return []
+
+        async def limited_claim(n: int) -> list[ClaimRow]:
+            for _ in range(2):
+                fair = self._fair.get(queue, False)
+                head, rows = await self._claim_limited(conn, plain(n), fair)
+                self._fair[queue], self.held[queue] = head.fair, head.held
+                if head.fair == fair:
+                    return rows
+            return []
 
         async with self._lease_pool.connection() as conn:
             limited = await self.limited.refresh(conn)
@@ -138,11 +162,11 @@ class Claimer:
             limited_first = bool(limited) and self._serial % 2 == 0
             rows: list[ClaimRow] = []
             if limited_first:
-                rows = await self._claim_limited(conn, plain(limit))
+                rows = await limited_claim(limit)
             if len(rows) < limit and not limited.issuperset(self._kinds):
-                rows += await fetch_async(conn, plain(limit - len(rows)))
+                rows += await unlimited(limit - len(rows))
             if limited and not limited_first and len(rows) < limit:
-                rows += await self._claim_limited(conn, plain(limit - len(rows)))
+                rows += await limited_claim(limit - len(rows))
             if rows:
                 after = self._turns.get(queue, "")
                 self._turns[queue] = next_turn(after, (row.fairness_key for row in rows))
@@ -170,23 +194,27 @@ class Claimer:
                 raise
         return claimed
 
-    def holds_limited(self, steps: Iterable[Claimed]) -> bool:
-        """Whether one of ``steps`` is of a kind this worker found limited."""
-        return any(step.kind in self.limited.limited for step in steps)
+    def waits_for_places(self, queue: str) -> bool:
+        """Whether the last limited claim of ``queue`` found a limit holding steps back:
+        then a place freed in the queue is worth a claim at once."""
+        return self.held.get(queue, False)
 
     @staticmethod
     async def _claim_limited(
-        conn: psycopg.AsyncConnection[Any], plain: Stmt[ClaimRow]
-    ) -> list[ClaimRow]:
+        conn: psycopg.AsyncConnection[Any], plain: Stmt[ClaimRow], fair: bool
+    ) -> tuple[LimitedRow, list[ClaimRow]]:
         """The claim of limited kinds, with the parameters and limit of ``plain`` (a
-        ``steps_claim``): ``steps_claim_limited`` locks the candidates and their
-        groups, then ``steps_claim_admit``, with a snapshot taken under those locks,
-        starts the ones with a free place and room in their bucket; one transaction,
-        one round trip (docs/flow-control.md)."""
+        ``steps_claim``), for a queue with fairness keys or not (``fair``):
+        ``steps_claim_limited`` (or ``_fair``) locks the candidates and their groups,
+        then ``steps_claim_admit``, with a snapshot taken under those locks, starts the
+        ones with a free place and room in their bucket; one transaction, one round
+        trip (docs/flow-control.md). The first statement's row (whether the queue holds
+        fairness keys: if not ``fair``, nothing was locked or started; whether a limit
+        held steps back) and the steps started."""
         params = plain.params
         assert params is not None
         select = Stmt(
-            claim_limited_sql(params["limit"]),
+            claim_limited_sql(params["limit"], fair),
             {k: params[k] for k in ("queue", "kinds", "foreign", "after")},
         )
         admit = Stmt(
@@ -194,7 +222,8 @@ class Claimer:
             {k: params[k] for k in ("owner", "ttl_us", "kinds", "timeouts_us", "latency")},
         )
         results = await batch_async(conn, [select, admit], transaction=True)
-        return results.of(Q.steps_claim_admit)
+        (head,) = results.of(select.query)
+        return head, results.of(Q.steps_claim_admit)
 
     async def _check_versions(
         self, conn: psycopg.AsyncConnection[Any], claimed: list[Claimed]

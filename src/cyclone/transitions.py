@@ -111,6 +111,7 @@ def claim_stmt(
     foreign: Sequence[str] = (),
     latency: bool = False,
     after: str = "",
+    fair: bool = False,
 ) -> Stmt[ClaimRow]:
     """Claim up to ``limit`` steps of ``queue`` and ``kinds`` under a ``ttl``-second lease.
 
@@ -121,9 +122,10 @@ def claim_stmt(
     counts from its last upstream completion (a few index probes per dependency);
     without, from its ``scheduled_at``. ``after``: the fairness key the last claim of
     the queue ended its turn with (claims rotate across fairness keys from the next).
+    ``fair``: ``steps_claim_fair``, for a queue that holds steps with a fairness key.
     """
     return Stmt(
-        claim_sql(limit),
+        claim_sql(limit, fair),
         {
             "queue": queue,
             "kinds": list(kinds),

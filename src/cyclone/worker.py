@@ -290,9 +290,11 @@ class Worker:
                 attributes = {"cyclone.queue": queue.name, "cyclone.claimed": len(claimed)}
                 record_span(f"cyclone.claim {queue.name}", started_ns, attributes)
                 self._schedule_heartbeats([self._dispatch(queue, step) for step in claimed])
-            # Limited steps came back: claim again at once (the next claim passes the
+            # A limit held steps back: claim again at once (the next claim passes the
             # groups now full); short of them, rate-limited kinds look at their window.
-            if len(claimed) < limit and not self._claimer.holds_limited(claimed):
+            if len(claimed) < limit and not (
+                claimed and self._claimer.waits_for_places(queue.name)
+            ):
                 await self._wait_wake(queue, min(settings.poll_interval, self._claimer.rate_window))
 
     async def _wait_wake(self, queue: _Queue, limit: float) -> None:
@@ -346,7 +348,7 @@ class Worker:
             self._held.pop((held.step.id, held.step.owner), None)
             queue.busy -= 1
             queue.freed.set()
-            if held.step.kind in self._claimer.limited.limited:  # a place is free: claim
+            if self._claimer.waits_for_places(queue.name):  # a place is free: claim
                 queue.wake.set()
                 self._announcer.announce(Wakeups.of_queues([queue.name]))
             held.report(self._observers)

@@ -106,7 +106,7 @@ def test_the_fair_claim_steps_through_the_fairness_index(flow: psycopg.Connectio
     idx_steps_fairness and the steps without a key through idx_steps_claim."""
     flow.execute("DELETE FROM cyclone_kind_limits")
     try:
-        stmt = claim_stmt(queue="q2", kinds=["k"], owner="w", ttl=30, limit=10)
+        stmt = claim_stmt(queue="q2", kinds=["k"], owner="w", ttl=30, limit=10, fair=True)
         text = plan(flow, stmt)
     finally:
         flow.execute(

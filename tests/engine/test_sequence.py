@@ -84,7 +84,7 @@ def test_recheck_leaves_at_most_one_running_step_per_key(
                     "SELECT s.id, s.run_id, s.node, s.kind, r.input, s.attempt, s.max_attempts, "
                     "s.lease_generation, NULL::float8, s.sequence_key, r.workflow, r.def_version, "
                     "NULL::text, false, NULL::text[], NULL::text[], 0, NULL::text, NULL::text, "
-                    "0.0::float8 "
+                    "0.0::float8, false "
                     "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE s.id = %s",
                     (earlier.step_id,),
                 ).fetchall()

@@ -41,7 +41,7 @@ from cyclone.sql.dashboard_rows import (
     ValueRow,
     WorkerRow,
 )
-from cyclone.sql.flow_rows import KindNameRow, LimitsRow, StoredLimitsRow
+from cyclone.sql.flow_rows import KindNameRow, LimitedRow, LimitsRow, StoredLimitsRow
 from cyclone.sql.rows import (
     BackendRow,
     ChildDoneRow,
@@ -245,7 +245,9 @@ class Queries:
     steps_find_submit_keys: Query[SubmitKeyRow]
     # claims.sql
     steps_claim: Query[ClaimRow]
-    steps_claim_limited: Query[None]
+    steps_claim_fair: Query[ClaimRow]
+    steps_claim_limited: Query[LimitedRow]
+    steps_claim_limited_fair: Query[LimitedRow]
     steps_claim_admit: Query[ClaimRow]
     # limits.sql
     limits_write: Query[LimitsRow]
@@ -401,14 +403,16 @@ CLAIM_LIMITS = (
 )
 """The ``LIMIT`` values a claim statement is written with (at most 1.25x apart)."""
 
-_CLAIMS: dict[int, Query[ClaimRow]] = {
-    n: Q.steps_claim.with_sql(Q.steps_claim.sql.replace("%(limit)s", str(n))) for n in CLAIM_LIMITS
-}
+
+def _with_limits(query: Query[R]) -> dict[int, Query[R]]:
+    """``query`` with its ``%(limit)s`` written as each constant of CLAIM_LIMITS."""
+    return {n: query.with_sql(query.sql.replace("%(limit)s", str(n))) for n in CLAIM_LIMITS}
 
 
-_LIMITED_CLAIMS: dict[int, Query[None]] = {
-    n: Q.steps_claim_limited.with_sql(Q.steps_claim_limited.sql.replace("%(limit)s", str(n)))
-    for n in CLAIM_LIMITS
+_CLAIMS = {False: _with_limits(Q.steps_claim), True: _with_limits(Q.steps_claim_fair)}
+_LIMITED_CLAIMS = {
+    False: _with_limits(Q.steps_claim_limited),
+    True: _with_limits(Q.steps_claim_limited_fair),
 }
 
 
@@ -417,9 +421,9 @@ def claim_limit(wanted: int) -> int:
     return max(n for n in CLAIM_LIMITS if n <= max(1, wanted))
 
 
-def claim_sql(limit: int) -> Query[ClaimRow]:
-    """``steps_claim`` with its ``LIMIT`` written as the constant ``limit``, one of
-    :data:`CLAIM_LIMITS`.
+def claim_sql(limit: int, fair: bool = False) -> Query[ClaimRow]:
+    """``steps_claim`` (``steps_claim_fair`` when ``fair``) with its ``LIMIT`` written as
+    the constant ``limit``, one of :data:`CLAIM_LIMITS`.
 
     A prepared claim settles on its generic plan, and a generic plan of ``LIMIT $n`` is
     priced for a tenth of the rows the claim index may return (dearer than any custom
@@ -431,14 +435,15 @@ def claim_sql(limit: int) -> Query[ClaimRow]:
     Raises:
         KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.
     """
-    return _CLAIMS[limit]
+    return _CLAIMS[fair][limit]
 
 
-def claim_limited_sql(limit: int) -> Query[None]:
-    """``steps_claim_limited`` with its ``LIMIT`` written as the constant ``limit``, as
-    :func:`claim_sql` writes ``steps_claim``.
+def claim_limited_sql(limit: int, fair: bool = False) -> Query[LimitedRow]:
+    """``steps_claim_limited`` (``steps_claim_limited_fair`` when ``fair``) with its
+    ``LIMIT`` written as the constant ``limit``, as :func:`claim_sql` writes
+    ``steps_claim``.
 
     Raises:
         KeyError: ``limit`` is not one of :data:`CLAIM_LIMITS`.
     """
-    return _LIMITED_CLAIMS[limit]
+    return _LIMITED_CLAIMS[fair][limit]

@@ -5,13 +5,16 @@
 -- A claim names one queue, the kinds its worker registers and the def_versions it has
 -- found foreign. Every claim statement starts with the CTE "here", one row: the queue,
 -- the kinds this statement may take, the foreign versions, whether the queue is open
--- (no row in cyclone_queue_pauses), whether it holds steps with a fairness key
--- (fair), and whether the statement is the limited claim. The kinds split by
--- cyclone_kind_limits, read in the statement: a kind with a max_concurrency or a
--- rate_limit stored there is taken only by steps_claim_limited, every other kind only
--- by steps_claim. A worker runs steps_claim_limited only while the limits it last read
--- say one of its kinds is limited; a kind limited since is skipped by steps_claim
--- until then, never claimed past its limit.
+-- (no row in cyclone_queue_pauses) and whether it holds steps with a fairness key
+-- (fair). The kinds split by cyclone_kind_limits, read in the statement: a kind with a
+-- max_concurrency or a rate_limit stored there is taken only by the limited claim
+-- (steps_claim_limited or steps_claim_limited_fair, then steps_claim_admit), every
+-- other kind only by steps_claim or steps_claim_fair. A worker runs the limited claim
+-- only while the limits it last read say one of its kinds is limited; a kind limited
+-- since is skipped by the other claim until then, never claimed past its limit. Each
+-- has a statement for a queue without fairness keys and one for a queue with them
+-- (each a plan of its own, so that a claim without fairness pays nothing for it): run
+-- in the wrong one, a claim takes nothing and tells, and the worker runs the other.
 --
 -- Plan: the LIMIT is a constant (cyclone.sql.claim_sql writes one of CLAIM_LIMITS), and
 -- the queue, the kinds and the foreign versions are read through one-row sub-SELECTs
@@ -25,9 +28,7 @@
 -- queue and state: due; of a kind of "here"; not a fan-out node (the scanner's); not
 -- of a run whose def_version this worker found foreign (a def_version names its
 -- workflow too; OFFSET 0 keeps a primary-key probe per row, never a hash of every
--- run); at the head of its sequence key if it has one; and, in the limited claim, not
--- in a concurrency group that is full or a rate bucket that is spent in this
--- statement's snapshot (steps_claim_admit decides under the groups' locks).
+-- run); at the head of its sequence key if it has one.
 AND s.scheduled_at <= now()
 AND s.kind = ANY((SELECT kinds FROM here)::text[])
 AND s.fan_out_parallel IS NULL
@@ -40,26 +41,31 @@ AND (cardinality((SELECT foreign_versions FROM here)) = 0 OR NOT EXISTS (
 AND (s.sequence_key IS NULL OR NOT EXISTS (
         -- use: sequence_step_ahead
     ))
-AND ((SELECT NOT limited FROM here) OR (
-    NOT EXISTS (
-        SELECT 1
-        FROM group_places g
-        WHERE g.kind = s.kind
-          AND g.key = coalesce(s.concurrency_key, '')
-          AND g.free <= 0)
-    AND NOT EXISTS (
-        SELECT 1
-        FROM cyclone_rate_buckets b
-        JOIN cyclone_kind_limits l ON l.kind = b.kind
-        WHERE b.kind = s.kind
-          AND b.key = coalesce(s.rate_key, '')
-          AND l.rate_count IS NOT NULL
-          AND ((cardinality(b.starts) >= l.rate_count + l.rate_burst
-                AND b.starts[cardinality(b.starts) - l.rate_count - l.rate_burst + 1]
-                    > now() - l.rate_per * interval '1 second')
-               OR (l.rate_burst > 0
-                   AND b.tokens + extract(epoch FROM now() - b.updated_at)
-                                  * l.rate_count / l.rate_per < 1)))))
+
+
+-- fragment: claim_limit_filter
+-- The limited claim's further conditions on a step s: not in a concurrency group that
+-- is full, nor in a rate bucket that is spent, in this statement's snapshot
+-- (steps_claim_admit decides, under the groups' locks).
+AND NOT EXISTS (
+    SELECT 1
+    FROM group_places g
+    WHERE g.kind = s.kind
+      AND g.key = coalesce(s.concurrency_key, '')
+      AND g.free <= 0)
+AND NOT EXISTS (
+    SELECT 1
+    FROM cyclone_rate_buckets b
+    JOIN cyclone_kind_limits l ON l.kind = b.kind
+    WHERE b.kind = s.kind
+      AND b.key = coalesce(s.rate_key, '')
+      AND l.rate_count IS NOT NULL
+      AND ((cardinality(b.starts) >= l.rate_count + l.rate_burst
+            AND b.starts[cardinality(b.starts) - l.rate_count - l.rate_burst + 1]
+                > now() - l.rate_per * interval '1 second')
+           OR (l.rate_burst > 0
+               AND b.tokens + extract(epoch FROM now() - b.updated_at)
+                              * l.rate_count / l.rate_per < 1)))
 
 
 -- fragment: claim_here
@@ -96,8 +102,7 @@ group_places AS (
     SELECT s.kind, s.concurrency_key AS key, l.max_concurrency - count(*) AS free
     FROM cyclone_kind_limits l
     JOIN cyclone_steps s ON s.kind = l.kind
-    WHERE (SELECT limited FROM here)
-      AND l.kind = ANY((SELECT kinds FROM here)::text[])
+    WHERE l.kind = ANY((SELECT kinds FROM here)::text[])
       AND l.max_concurrency IS NOT NULL
       AND s.state = 'running'
       AND s.concurrency_key IS NOT NULL
@@ -179,7 +184,8 @@ SELECT clock_timestamp() AS at
 
 
 -- fragment: claim_returning
--- What a claim returns of each step it moved to running (see steps_claim).
+-- What a claim returns of each step it moved to running (see steps_claim), and
+-- whether the queue holds steps with a fairness key (the same on every row).
 RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
@@ -192,36 +198,24 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
                   FROM cyclone_deps d
                   JOIN cyclone_steps p ON p.run_id = d.run_id AND p.node = d.dep_node
                   WHERE d.run_id = s.run_id AND d.node = s.node)) END
-          )::float8 AS queue_latency_s
+          )::float8 AS queue_latency_s,
+          (SELECT fair FROM here) AS fair
 
 
--- name: steps_claim
--- The claim of the kinds without limits: lock up to %(limit)s due, available steps of
--- one queue and of the kinds this worker registers, highest priority first, then
--- earliest scheduled_at (or in fairness order, fair_heads); skip rows other workers
--- hold; move them to running under a lease the database clock computes from the TTL.
--- Nothing while the queue is paused: a claim that starts after pause_queue committed
--- takes no step of the queue. A step enqueued without a timeout (by a producer that
--- does not know the kind) takes the timeout the worker's kind declares
--- (%(timeouts_us)s, aligned with %(kinds)s), so it is durable from the claim on.
--- A workflow step also returns its data edge (input_from) and its input bindings
--- (binding_nodes and binding_modes, aligned, in slot order), which the worker resolves
--- from upstream outputs; a standalone job (def_version 'job') skips that lookup. Each
--- step also returns what its trace span and metrics need: its reclaims, its run's
--- trace context and how long it waited since it was ready: since it was due
--- (scheduled_at), and for a workflow step since its last upstream step completed if
--- that came later (a node keeps the scheduled_at of its submit while it waits for its
--- dependencies): two index probes per dependency, and only when %(latency)s (tracing
--- or metrics are on; otherwise a workflow step's figure is since its scheduled_at).
--- Without fairness keys the ORDER BY is exactly the order of idx_steps_claim, so a
--- backlog of any size is read from the index, never sorted; equal keys come in index
--- (insertion) order. A step of a run that is not running (paused) is never taken,
--- whatever raced it back to available. A sequenced step (sequence_key) is claimable
--- only at the head of its key (sequence_step_ahead); steps_sequence_release rechecks
--- the rule under the key's lock after the claim commits.
-WITH RECURSIVE here AS (
-    SELECT false AS limited,
-           ARRAY(SELECT k
+-- fragment: claim_marker
+-- The row a claim returns when the queue's mode (fair or not) is not the one it was
+-- run for: it claimed nothing, and the worker runs the other claim at once.
+SELECT NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer,
+       NULL::integer, NULL::bigint, NULL::float8, NULL::text, NULL::text, NULL::text,
+       NULL::text, NULL::boolean, NULL::text[], NULL::text[], NULL::integer, NULL::text,
+       NULL::text, NULL::float8, (SELECT fair FROM here)
+
+
+-- fragment: claim_here_unlimited
+-- "here" of the claim of the kinds without limits: the worker's kinds that
+-- cyclone_kind_limits does not list as limited (a primary-key probe per kind).
+here AS (
+    SELECT ARRAY(SELECT k
                  FROM unnest(q.kinds) AS k
                  WHERE NOT EXISTS (
                      SELECT 1
@@ -232,41 +226,19 @@ WITH RECURSIVE here AS (
            -- use: claim_here
     FROM
         -- use: claim_params
-), group_places AS (
-    SELECT NULL::text AS kind, NULL::text AS key, NULL::bigint AS free
-    WHERE false
 ), clock AS (
     -- use: claim_clock
-),
--- use: fair_heads
-, plain AS (
-    SELECT s.id, s.run_id, s.node, s.state
-    FROM cyclone_steps s
-    WHERE (SELECT open AND NOT fair FROM here)
-      AND s.state = 'available'
-      AND s.queue = (SELECT queue FROM here)
-      -- use: claim_filter
-    ORDER BY s.priority DESC, s.scheduled_at
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
-), fair AS (
-    SELECT s.id, s.run_id, s.node, s.state
-    FROM unnest(ARRAY(
-             SELECT id FROM fair_heads ORDER BY priority DESC, rn, turn
-             LIMIT 2 * %(limit)s)) WITH ORDINALITY AS c (id, ord)
-    JOIN cyclone_steps s ON s.id = c.id
-    -- rechecked once the row is locked: a step claimed and given back meanwhile
-    WHERE s.state = 'available'
-      AND s.queue = (SELECT queue FROM here)
-      AND s.scheduled_at <= now()
-    ORDER BY c.ord
-    LIMIT %(limit)s
-    FOR UPDATE OF s SKIP LOCKED
-), claimable AS (
-    SELECT * FROM plain
-    UNION ALL
-    SELECT * FROM fair
-), runnable AS (
+)
+
+
+-- fragment: claim_update
+-- The end of a claim of the kinds without limits, after its CTE claimable (the locked
+-- steps: id, run_id, node, state): each step of a run that is running (a paused run's
+-- step is never taken, whatever raced it back to available) moves to running under a
+-- lease the database clock computes from the TTL, taking the timeout its kind declares
+-- (%(timeouts_us)s, aligned with %(kinds)s) if it was enqueued without one (by a
+-- producer that does not know the kind), so that it is durable from the claim on.
+runnable AS (
     SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent,
            b.binding_nodes, b.binding_modes
     FROM claimable c
@@ -280,42 +252,103 @@ WITH RECURSIVE here AS (
         WHERE r.def_version <> 'job'
           AND i.run_id = c.run_id AND i.node = c.node) b
     WHERE r.state = 'running'
+), claimed AS (
+    UPDATE cyclone_steps s
+    SET state = 'running',
+        lease_owner = %(owner)s,
+        lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
+        heartbeat_at = now(),
+        started_at = (SELECT at FROM clock),
+        lease_generation = s.lease_generation + 1,
+        timeout = coalesce(s.timeout, k.timeout_us * interval '1 microsecond')
+    FROM runnable c,
+         unnest((SELECT %(kinds)s::text[]), (SELECT %(timeouts_us)s::bigint[]))
+             AS k (kind, timeout_us)
+    WHERE s.id = c.id
+      AND s.state = c.state
+      AND k.kind = s.kind
+    -- use: claim_returning
 )
-UPDATE cyclone_steps s
-SET state = 'running',
-    lease_owner = %(owner)s,
-    lease_expiry = now() + %(ttl_us)s::bigint * interval '1 microsecond',
-    heartbeat_at = now(),
-    started_at = (SELECT at FROM clock),
-    lease_generation = s.lease_generation + 1,
-    timeout = coalesce(s.timeout, k.timeout_us * interval '1 microsecond')
-FROM runnable c,
-     unnest((SELECT %(kinds)s::text[]), (SELECT %(timeouts_us)s::bigint[])) AS k (kind, timeout_us)
-WHERE s.id = c.id
-  AND s.state = c.state
-  AND k.kind = s.kind
--- use: claim_returning
 
 
--- name: steps_claim_limited
--- The first statement of the claim of limited kinds (a kind with a max_concurrency or
--- a rate_limit in cyclone_kind_limits), in one transaction with steps_claim_admit:
--- lock up to %(limit)s claimable steps of those kinds, in claim order (or fairness
--- order), skipping groups that are full and buckets that are spent in this snapshot
--- and, within a concurrency group, steps beyond its free places; then take the
--- transaction-scoped advisory lock of each concurrency group and rate bucket among
--- them, in one sorted order (two claims never deadlock; completions take none), and
--- leave the steps' ids, in claim order, in the transaction's setting cyclone.claimed
--- for steps_claim_admit (so that the transaction, both statements and its commit, is
--- one round trip). Nothing moves here: the count that decides must be read by a
--- statement that starts after the locks are held, with a snapshot that sees every
--- claim of those groups committed before (steps_claim_admit).
--- Reading past a full group's backlog costs one row each: give such steps a
--- fairness_key (the same value as their concurrency_key) and each key's head is read
--- through idx_steps_fairness instead.
-WITH RECURSIVE here AS (
-    SELECT true AS limited,
-           ARRAY(SELECT l.kind
+-- name: steps_claim
+-- The claim of the kinds without limits, in a queue without fairness keys: lock up to
+-- %(limit)s due, available steps of one queue and of the kinds this worker registers,
+-- highest priority first, then earliest scheduled_at; skip rows other workers hold;
+-- move them to running (claim_update). Nothing while the queue is paused: a claim that
+-- starts after pause_queue committed takes no step of the queue. While the queue holds
+-- steps with a fairness key it claims nothing and returns the marker row
+-- (claim_marker): the worker runs steps_claim_fair instead.
+-- A workflow step also returns its data edge (input_from) and its input bindings
+-- (binding_nodes and binding_modes, aligned, in slot order), which the worker resolves
+-- from upstream outputs; a standalone job (def_version 'job') skips that lookup. Each
+-- step also returns what its trace span and metrics need: its reclaims, its run's
+-- trace context and how long it waited since it was ready: since it was due
+-- (scheduled_at), and for a workflow step since its last upstream step completed if
+-- that came later (a node keeps the scheduled_at of its submit while it waits for its
+-- dependencies): two index probes per dependency, and only when %(latency)s (tracing
+-- or metrics are on; otherwise a workflow step's figure is since its scheduled_at).
+-- The ORDER BY is exactly the order of idx_steps_claim, so a backlog of any size is
+-- read from the index, never sorted; equal keys come in index (insertion) order. A
+-- sequenced step (sequence_key) is claimable only at the head of its key
+-- (sequence_step_ahead); steps_sequence_release rechecks the rule under the key's lock
+-- after the claim commits.
+WITH
+-- use: claim_here_unlimited
+, claimable AS (
+    SELECT s.id, s.run_id, s.node, s.state
+    FROM cyclone_steps s
+    WHERE (SELECT open AND NOT fair FROM here)
+      AND s.state = 'available'
+      AND s.queue = (SELECT queue FROM here)
+      -- use: claim_filter
+    ORDER BY s.priority DESC, s.scheduled_at
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+),
+-- use: claim_update
+SELECT * FROM claimed
+UNION ALL
+-- use: claim_marker
+WHERE (SELECT fair FROM here);
+
+
+-- name: steps_claim_fair
+-- The claim of the kinds without limits, in a queue holding steps with a fairness key:
+-- as steps_claim, the steps taken in fairness order (fair_heads): the first step of
+-- every key before the second of any, the keys in turn. A row lock is taken on a step
+-- fair_heads read in an earlier snapshot: the step is checked again once locked
+-- (available, in the queue, due). When the queue holds no step with a fairness key
+-- any more it claims nothing and returns the marker row: the worker runs steps_claim.
+WITH RECURSIVE
+-- use: claim_here_unlimited
+,
+-- use: fair_heads
+, claimable AS (
+    SELECT s.id, s.run_id, s.node, s.state
+    FROM unnest(ARRAY(
+             SELECT id FROM fair_heads ORDER BY priority DESC, rn, turn
+             LIMIT 2 * %(limit)s)) WITH ORDINALITY AS c (id, ord)
+    JOIN cyclone_steps s ON s.id = c.id
+    WHERE s.state = 'available'
+      AND s.queue = (SELECT queue FROM here)
+      AND s.scheduled_at <= now()
+    ORDER BY c.ord
+    LIMIT %(limit)s
+    FOR UPDATE OF s SKIP LOCKED
+),
+-- use: claim_update
+SELECT * FROM claimed
+UNION ALL
+-- use: claim_marker
+WHERE (SELECT NOT fair FROM here);
+
+
+-- fragment: claim_here_limited
+-- "here" of the claim of limited kinds: the worker's kinds that cyclone_kind_limits
+-- lists as limited; then the concurrency groups' free places.
+here AS (
+    SELECT ARRAY(SELECT l.kind
                  FROM cyclone_kind_limits l
                  WHERE l.kind = ANY(q.kinds)
                    AND (l.max_concurrency IS NOT NULL OR l.rate_count IS NOT NULL)
@@ -325,24 +358,21 @@ WITH RECURSIVE here AS (
         -- use: claim_params
 ),
 -- use: group_places
-,
--- use: fair_heads
-, plain_heads AS (
-    SELECT s.id, s.priority, row_number() OVER (ORDER BY s.priority DESC, s.scheduled_at) AS rn,
-           s.scheduled_at, s.kind, s.concurrency_key, s.rate_key, ''::text AS fkey,
-           (false, ''::text) AS turn
-    FROM (
-        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key, s.rate_key
-        FROM cyclone_steps s
-        WHERE (SELECT open AND NOT fair FROM here)
-          AND s.state = 'available'
-          AND s.queue = (SELECT queue FROM here)
-          -- use: claim_filter
-        ORDER BY s.priority DESC, s.scheduled_at
-        LIMIT 4 * %(limit)s) s
-), picked AS (
-    -- at most the free places of each concurrency group and the room of each rate
-    -- bucket (in this snapshot), so that one group or bucket cannot fill the claim
+
+
+-- fragment: limited_lock
+-- The end of the first statement of a claim of limited kinds, after its CTE heads (the
+-- candidates read in this snapshot: id, priority, rn, turn, kind, concurrency_key,
+-- rate_key), in claim order: at most the free places of each concurrency group and
+-- the room of each rate bucket (in this snapshot), so that one group or bucket cannot
+-- fill the claim; the steps locked (checked again once locked: available, in the
+-- queue, due); the advisory lock of each concurrency group and rate bucket among them,
+-- taken in one sorted order (two claims never deadlock; completions take none); the
+-- steps' ids in claim order and the groups locked left in the transaction's settings
+-- cyclone.claimed and cyclone.locked for steps_claim_admit. The row returned says
+-- whether the queue holds steps with a fairness key, and whether a limit held steps
+-- back (a full group, or candidates past a group's free places or a bucket's room).
+picked AS (
     SELECT p.id, p.ord
     FROM (
         SELECT h.id, h.ord, l.max_concurrency, coalesce(g.free, l.max_concurrency) AS free,
@@ -357,7 +387,7 @@ WITH RECURSIVE here AS (
                    PARTITION BY h.kind, coalesce(h.rate_key, '') ORDER BY h.ord) AS turn
         FROM (SELECT u.id, u.kind, u.concurrency_key, u.rate_key,
                      row_number() OVER (ORDER BY u.priority DESC, u.rn, u.turn) AS ord
-              FROM (SELECT * FROM plain_heads UNION ALL SELECT * FROM fair_heads) AS u) AS h
+              FROM heads AS u) AS h
         JOIN cyclone_kind_limits l ON l.kind = h.kind
         LEFT JOIN group_places g ON g.kind = h.kind AND g.key = coalesce(h.concurrency_key, '')
         LEFT JOIN cyclone_rate_buckets b
@@ -369,7 +399,6 @@ WITH RECURSIVE here AS (
     SELECT s.id, s.kind, s.concurrency_key, s.rate_key, c.ord
     FROM (SELECT id, ord FROM picked ORDER BY ord LIMIT 2 * %(limit)s) AS c
     JOIN cyclone_steps s ON s.id = c.id
-    -- rechecked once the row is locked: a step claimed and given back meanwhile
     WHERE s.state = 'available'
       AND s.queue = (SELECT queue FROM here)
       AND s.scheduled_at <= now()
@@ -401,7 +430,59 @@ SELECT set_config(
            'cyclone.locked',
            coalesce((SELECT array_agg(g.g::text ORDER BY g.g::text) FROM groups g, locked),
                     '{}')::text,
-           true) AS groups;
+           true) AS groups,
+       (SELECT fair FROM here) AS fair,
+       (SELECT count(*) FROM heads) > (SELECT count(*) FROM picked)
+           OR EXISTS (SELECT 1 FROM group_places WHERE free <= 0) AS held
+
+
+-- name: steps_claim_limited
+-- The first statement of the claim of limited kinds (a kind with a max_concurrency or
+-- a rate_limit in cyclone_kind_limits) in a queue without fairness keys, in one
+-- transaction with steps_claim_admit: up to %(limit)s claimable steps of those kinds
+-- in claim order, skipping groups that are full and buckets that are spent in this
+-- snapshot, locked with their groups (limited_lock). Nothing moves here: the count
+-- that decides must be read by a statement that starts after the locks are held, with
+-- a snapshot that sees every claim of those groups committed before
+-- (steps_claim_admit); the transaction, both statements and its commit, is one round
+-- trip. Reading past a full group's backlog costs one row each: give such steps a
+-- fairness_key (the same value as their concurrency_key) and each key's head is read
+-- through idx_steps_fairness instead. In a queue with fairness keys it locks nothing
+-- and says so: the worker runs steps_claim_limited_fair.
+WITH
+-- use: claim_here_limited
+, heads AS (
+    SELECT s.id, s.priority, row_number() OVER (ORDER BY s.priority DESC, s.scheduled_at) AS rn,
+           (false, ''::text) AS turn, s.kind, s.concurrency_key, s.rate_key
+    FROM (
+        SELECT s.id, s.priority, s.scheduled_at, s.kind, s.concurrency_key, s.rate_key
+        FROM cyclone_steps s
+        WHERE (SELECT open AND NOT fair FROM here)
+          AND s.state = 'available'
+          AND s.queue = (SELECT queue FROM here)
+          -- use: claim_filter
+          -- use: claim_limit_filter
+        ORDER BY s.priority DESC, s.scheduled_at
+        LIMIT 4 * %(limit)s) s
+),
+-- use: limited_lock
+;
+
+
+-- name: steps_claim_limited_fair
+-- steps_claim_limited in a queue holding steps with a fairness key: the candidates in
+-- fairness order (fair_heads). In a queue without fairness keys it locks nothing and
+-- says so: the worker runs steps_claim_limited.
+WITH RECURSIVE
+-- use: claim_here_limited
+,
+-- use: fair_heads
+, heads AS (
+    SELECT id, priority, rn, turn, kind, concurrency_key, rate_key
+    FROM fair_heads
+),
+-- use: limited_lock
+;
 
 
 -- name: steps_claim_admit
@@ -421,7 +502,9 @@ SELECT set_config(
 -- the statement runs, after its locks were granted and its snapshot taken, so the
 -- starts of one bucket are written in the order they happened, however long the lock
 -- wait. Otherwise as steps_claim.
-WITH clock AS (
+WITH here AS (
+    SELECT NULL::boolean AS fair
+), clock AS (
     -- use: claim_clock
 ), c AS (
     SELECT s.id, s.run_id, s.node, s.state, s.kind, v.ord,

@@ -5,13 +5,24 @@ from __future__ import annotations
 from datetime import datetime
 from typing import NamedTuple
 
-__all__ = ["KindNameRow", "LimitsRow", "StoredLimitsRow"]
+__all__ = ["KindNameRow", "LimitedRow", "LimitsRow", "StoredLimitsRow"]
 
 
 class KindNameRow(NamedTuple):
     """A kind name (a kind with limits stored)."""
 
     kind: str
+
+
+class LimitedRow(NamedTuple):
+    """What the first statement of a limited claim left for the admission: the steps
+    it locked and the groups it locked for (array texts), whether the queue holds
+    steps with a fairness key, and whether a limit held steps back."""
+
+    ids: str
+    groups: str
+    fair: bool
+    held: bool
 
 
 class LimitsRow(NamedTuple):

@@ -186,7 +186,9 @@ class ClaimRow(NamedTuple):
 
     ``timeout_s`` is seconds or ``None``; ``binding_nodes`` and ``binding_modes`` are a
     workflow step's input bindings in slot order (upstream node, assembly mode), or
-    ``None``.
+    ``None``. ``fair``: whether the queue holds steps with a fairness key; a row whose
+    ``id`` is ``None`` claimed nothing and only says that the queue's mode is not the
+    one the statement was run for (``steps_claim`` or ``steps_claim_fair``).
     """
 
     id: int
@@ -209,6 +211,7 @@ class ClaimRow(NamedTuple):
     traceparent: str | None
     fairness_key: str | None
     queue_latency_s: float
+    fair: bool | None
 
 
 class HeartbeatRow(NamedTuple):
