@@ -144,8 +144,8 @@ class Snooze(CycloneError):
             raise ValidationError(
                 f"Snooze delay must be zero or more seconds, at most a century, got {delay!r}"
             )
-        super().__init__(f"snoozed for {value:g} s")
-        self.delay: float = value
+        super().__init__(f"snoozed for {value + 0.0:g} s")
+        self.delay: float = value + 0.0  # never -0.0
 
 
 class StepInterrupted(BaseException):

@@ -35,7 +35,7 @@ DEFAULT_MAX_SNOOZES = 100
 """Snoozes allowed for one step before it is discarded (``error_kind = 'snooze_limit'``)."""
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+_RATE = re.compile(r"\s*([0-9]+)\s*/\s*([smh])\s*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,3 +86,35 @@ async def test_a_spent_bucket_does_not_hold_up_another_bucket(
         for job in b:
             await worker.wait(job, timeout=30)
     assert _started_before_last(db, "A", "B") <= 25
+
+
+_GATE = asyncio.Event()
+
+
+@cyclone.step("turn_gated", max_concurrency=1)
+async def turn_gated(ctx: cyclone.Context, inp: Any) -> Any:
+    if inp == "x":
+        await _GATE.wait()
+    return inp
+
+
+async def test_a_full_group_does_not_hide_a_fairness_keys_other_groups(dsn: str) -> None:
+    """One fairness key, one kind with ``max_concurrency=1``: 30 steps of group x
+    enqueued first (the one running blocks), then 3 of group y: y's steps run while x's
+    group is full, though x's backlog comes first in the key."""
+    _GATE.clear()
+    async with cyclone.Client(dsn) as producer:
+        xs = await producer.enqueue_many(
+            turn_gated, ["x"] * 30, concurrency_key="x", fairness_key="t"
+        )
+        ys = await producer.enqueue_many(
+            turn_gated, ["y"] * 3, concurrency_key="y", fairness_key="t"
+        )
+    async with cyclone.Client(
+        dsn, handlers=[turn_gated], queues={"default": 10}, poll_interval=0.05
+    ) as worker:
+        for job in ys:
+            assert (await worker.wait(job, timeout=30)).result == "y"
+        _GATE.set()
+        for job in xs:
+            assert (await worker.wait(job, timeout=60)).result == "x"

@@ -119,6 +119,8 @@ group_places AS (
 -- step of every key before the second of any, within a priority, and the keys in
 -- turn, starting after the key this worker's last claim of the queue ended with (after)
 -- and wrapping around, so that claims of one step at a time still go round every key.
+-- Steps of a concurrency group that is full (full_groups, which the statement defines:
+-- empty without limits) are read past, so that they cannot hide a key's other steps.
 -- The cost is a probe per key with available steps, and up to %(limit)s rows per key,
 -- at every claim.
 fair_keys (key) AS (
@@ -153,6 +155,10 @@ fair_keys (key) AS (
           AND s.fairness_key = k.key
           AND s.state = 'available'
           -- use: claim_filter
+          AND NOT EXISTS (
+              SELECT 1
+              FROM full_groups g
+              WHERE g.kind = s.kind AND g.key = coalesce(s.concurrency_key, ''))
         ORDER BY s.priority DESC, s.scheduled_at
         LIMIT %(limit)s) h
     WHERE k.key IS NOT NULL
@@ -169,6 +175,10 @@ fair_keys (key) AS (
           AND s.state = 'available'
           AND s.fairness_key IS NULL
           -- use: claim_filter
+          AND NOT EXISTS (
+              SELECT 1
+              FROM full_groups g
+              WHERE g.kind = s.kind AND g.key = coalesce(s.concurrency_key, ''))
         ORDER BY s.priority DESC, s.scheduled_at
         LIMIT %(limit)s) h
 )
@@ -322,7 +332,10 @@ WHERE (SELECT fair FROM here);
 -- any more it claims nothing and returns the marker row: the worker runs steps_claim.
 WITH RECURSIVE
 -- use: claim_here_unlimited
-,
+, full_groups AS (
+    SELECT NULL::text AS kind, NULL::text AS key
+    WHERE false
+),
 -- use: fair_heads
 , claimable AS (
     SELECT s.id, s.run_id, s.node, s.state
@@ -475,7 +488,9 @@ WITH
 -- says so: the worker runs steps_claim_limited.
 WITH RECURSIVE
 -- use: claim_here_limited
-,
+, full_groups AS (
+    SELECT kind, key FROM group_places WHERE free <= 0
+),
 -- use: fair_heads
 , heads AS (
     SELECT id, priority, rn, turn, kind, concurrency_key, rate_key
