@@ -28,9 +28,7 @@ import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
-from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
-from queue import SimpleQueue
 from typing import Any
 
 import cyclone
@@ -38,7 +36,7 @@ from bench.db import DEFAULT_ADMIN_DSN, execute, log, throwaway_database
 from bench.drain import WorkerConfig, fill_backlog, noop_drain
 from bench.raw import measure_raw_limit
 from bench.report import text_table
-from bench.workers import NOOP_KIND, client_options, cpu_seconds, throughput_worker
+from bench.workers import NOOP_KIND, throughput_worker
 
 MODES = ("base", "none", "limited")
 KEYS = 20
@@ -50,36 +48,8 @@ async def _noop(ctx: cyclone.Context, inp: Any) -> None:
     """The no-op job of the limited kind."""
 
 
-async def _serve(client: cyclone.Client, stop: Event) -> None:
-    async with client:
-        await asyncio.to_thread(stop.wait)
-
-
-def limited_worker(
-    dsn: str,
-    *,
-    slots: int | None,
-    claim_batch: int | None,
-    poll_interval: float,
-    start: Barrier,
-    stop: Event,
-    usage: SimpleQueue[float],
-    pooler: str | None = None,
-) -> None:
-    """A no-op worker process (as :func:`bench.workers.throughput_worker`) whose kind
-    declares ``max_concurrency=1000``."""
-    kind = cyclone.action(NOOP_KIND, max_concurrency=LIMIT)(_noop)
-    client = cyclone.Client(
-        dsn,
-        handlers=[kind],
-        poll_interval=poll_interval,
-        purge_interval=None,
-        **client_options(slots=slots, claim_batch=claim_batch, pooler=pooler),
-    )
-    start.wait()
-    began = cpu_seconds()
-    asyncio.run(_serve(client, stop))
-    usage.put(cpu_seconds() - began)
+limited_noop = cyclone.action(NOOP_KIND, max_concurrency=LIMIT)(_noop)
+"""The no-op kind declaring ``max_concurrency=1000``."""
 
 
 @contextlib.contextmanager
@@ -136,7 +106,8 @@ async def drain(dsn: str, mode: str, args: argparse.Namespace, base: Path | None
             processes=args.processes,
             jobs=args.jobs,
             config=config,
-            worker=limited_worker if mode == "limited" else throughput_worker,
+            worker=throughput_worker,
+            worker_options={"handler": limited_noop} if mode == "limited" else None,
         )
     return float(result["db_span_jobs_per_s"])
 

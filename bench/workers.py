@@ -93,14 +93,17 @@ def throughput_worker(
     usage: SimpleQueue[float],
     purge_interval: float | None = 300.0,
     pooler: str | None = None,
+    handler: cyclone.Handler = noop,
 ) -> None:
     """Run no-op jobs with ``slots`` slots from the barrier until ``stop`` is set.
 
     ``purge_interval``: seconds between the client's retention purges (``None``: none).
+    ``handler``: the no-op kind's handler (a module-level one: it is pickled to the
+    worker process), with the options a benchmark declares.
     """
     client = cyclone.Client(
         dsn,
-        handlers=[noop],
+        handlers=[handler],
         poll_interval=poll_interval,
         purge_interval=purge_interval,
         **client_options(slots=slots, claim_batch=claim_batch, pooler=pooler),

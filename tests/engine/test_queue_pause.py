@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
 import cyclone
+from tests.engine.test_control_wakeups import heard  # noqa: F401 - the fixture
 from tests.helpers import apoll_until, scalar
 
 QUEUE = "qp_images"
@@ -157,32 +158,6 @@ def test_a_pause_is_a_row_shown_by_stats_and_the_view(
 
 # -- wakeups -----------------------------------------------------------------------------
 
-MARK = "qp-mark"
-
-
-@pytest.fixture
-def heard(dsn: str) -> Iterator[Callable[[], list[tuple[str, str]]]]:
-    """A listener on the wakeup channels; calling it returns what it heard since the
-    last call (up to a marker sent after the call: what was committed before it has
-    been delivered by then)."""
-    with (
-        psycopg.connect(dsn, autocommit=True) as listener,
-        psycopg.connect(dsn, autocommit=True) as marker,
-    ):
-        listener.execute("LISTEN cyclone_run_done")
-        listener.execute("LISTEN cyclone_available")
-
-        def read() -> list[tuple[str, str]]:
-            marker.execute("SELECT pg_notify('cyclone_run_done', %s)", [MARK])
-            got: list[tuple[str, str]] = []
-            for note in listener.notifies(timeout=30):
-                if note.payload == MARK:
-                    return got
-                got.append((note.channel, note.payload))
-            raise AssertionError(f"the marker did not arrive; heard {got}")
-
-        yield read
-
 
 def _woken(notes: list[tuple[str, str]]) -> list[str]:
     assert {channel for channel, _ in notes} <= {"cyclone_available"}
@@ -190,7 +165,8 @@ def _woken(notes: list[tuple[str, str]]) -> list[str]:
 
 
 def test_sync_resume_wakes_the_queue_and_pause_wakes_nothing(
-    dsn: str, heard: Callable[[], list[tuple[str, str]]]
+    dsn: str,
+    heard: Callable[[], list[tuple[str, str]]],  # noqa: F811 - the fixture
 ) -> None:
     with cyclone.SyncClient(dsn) as client:
         heard()
@@ -203,7 +179,8 @@ def test_sync_resume_wakes_the_queue_and_pause_wakes_nothing(
 
 
 async def test_async_resume_wakes_the_queue_and_pause_wakes_nothing(
-    dsn: str, heard: Callable[[], list[tuple[str, str]]]
+    dsn: str,
+    heard: Callable[[], list[tuple[str, str]]],  # noqa: F811 - the fixture
 ) -> None:
     async with cyclone.Client(dsn) as client:
         heard()

@@ -241,16 +241,14 @@ here AS (
 )
 
 
--- fragment: claim_update
--- The end of a claim of the kinds without limits, after its CTE claimable (the locked
--- steps: id, run_id, node, state): each step of a run that is running (a paused run's
--- step is never taken, whatever raced it back to available) moves to running under a
--- lease the database clock computes from the TTL, taking the timeout its kind declares
--- (%(timeouts_us)s, aligned with %(kinds)s) if it was enqueued without one (by a
--- producer that does not know the kind), so that it is durable from the claim on.
+-- fragment: claim_runnable
+-- The steps of a claim's CTE claimable (id, run_id, node, state, max_concurrency) whose
+-- run is running (a paused run's step is never taken, whatever raced it back to
+-- available), with what the claim returns of the run: its input, workflow,
+-- def_version, fan-out flag and trace context, and a workflow step's input bindings.
 runnable AS (
-    SELECT c.id, c.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent,
-           b.binding_nodes, b.binding_modes
+    SELECT c.id, c.state, c.max_concurrency, r.input, r.workflow, r.def_version,
+           r.has_fan_out, r.traceparent, b.binding_nodes, b.binding_modes
     FROM claimable c
     CROSS JOIN LATERAL (
         SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent
@@ -262,7 +260,17 @@ runnable AS (
         WHERE r.def_version <> 'job'
           AND i.run_id = c.run_id AND i.node = c.node) b
     WHERE r.state = 'running'
-), claimed AS (
+)
+
+
+-- fragment: claim_update
+-- The end of a claim of the kinds without limits, after its CTE claimable (the locked
+-- steps: claim_runnable): each step of a run that is running moves to running under a
+-- lease the database clock computes from the TTL, taking the timeout its kind declares
+-- (%(timeouts_us)s, aligned with %(kinds)s) if it was enqueued without one (by a
+-- producer that does not know the kind), so that it is durable from the claim on.
+-- use: claim_runnable
+, claimed AS (
     UPDATE cyclone_steps s
     SET state = 'running',
         lease_owner = %(owner)s,
@@ -306,7 +314,7 @@ runnable AS (
 WITH
 -- use: claim_here_unlimited
 , claimable AS (
-    SELECT s.id, s.run_id, s.node, s.state
+    SELECT s.id, s.run_id, s.node, s.state, NULL::integer AS max_concurrency
     FROM cyclone_steps s
     WHERE (SELECT open AND NOT fair FROM here)
       AND s.state = 'available'
@@ -338,7 +346,7 @@ WITH RECURSIVE
 ),
 -- use: fair_heads
 , claimable AS (
-    SELECT s.id, s.run_id, s.node, s.state
+    SELECT s.id, s.run_id, s.node, s.state, NULL::integer AS max_concurrency
     FROM unnest(ARRAY(
              SELECT id FROM fair_heads ORDER BY priority DESC, rn, turn
              LIMIT 2 * %(limit)s)) WITH ORDINALITY AS c (id, ord)
@@ -571,7 +579,8 @@ WITH here AS (
     LEFT JOIN cyclone_rate_buckets b ON b.kind = p.kind AND b.key = p.rkey
     WHERE p.rate_count IS NOT NULL
     ORDER BY p.kind, p.rkey
-), admitted AS (
+), claimable AS (
+    -- the admitted steps
     SELECT p.id, p.run_id, p.node, p.state, p.kind, p.rkey, p.rate_count, p.max_concurrency
     FROM (
         SELECT placed.*,
@@ -590,27 +599,15 @@ WITH here AS (
            (SELECT at FROM clock)
     FROM buckets b
     JOIN (SELECT kind, rkey, count(*)::integer AS n
-          FROM admitted
+          FROM claimable
           WHERE rate_count IS NOT NULL
           GROUP BY kind, rkey) AS n ON n.kind = b.kind AND n.rkey = b.rkey
     ON CONFLICT (kind, key) DO UPDATE
     SET starts = EXCLUDED.starts,
         tokens = EXCLUDED.tokens,
         updated_at = EXCLUDED.updated_at
-), runnable AS (
-    SELECT a.id, a.state, a.max_concurrency, r.input, r.workflow, r.def_version,
-           r.has_fan_out, r.traceparent, b.binding_nodes, b.binding_modes
-    FROM admitted a
-    CROSS JOIN LATERAL (
-        SELECT r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent
-        FROM cyclone_runs r
-        WHERE r.id = a.run_id
-        OFFSET 0) r
-    CROSS JOIN LATERAL (
-        -- use: step_bindings
-        WHERE r.def_version <> 'job'
-          AND i.run_id = a.run_id AND i.node = a.node) b
-)
+),
+-- use: claim_runnable
 UPDATE cyclone_steps s
 SET state = 'running',
     lease_owner = %(owner)s,
