@@ -323,11 +323,13 @@ class ClientConfig:
             tracker = self.trackers[conn] = WakeupTracker()
         return tracker
 
-    def track(self, conn: Any, queues: Iterable[str]) -> None:
-        """Record queues for the tracker of ``conn``, if it is tracked."""
+    def track(self, conn: Any, queues: Iterable[str]) -> bool:
+        """Record queues for the tracker of ``conn``, if it is tracked; whether it is."""
         tracker = self.trackers.get(conn)
-        if tracker is not None:
-            tracker.queues.update(queues)
+        if tracker is None:
+            return False
+        tracker.queues.update(queues)
+        return True
 
 
 def list_runs_params(

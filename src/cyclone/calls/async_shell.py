@@ -26,10 +26,12 @@ from cyclone.calls.effects import (
     Joined,
     Own,
     Script,
+    Track,
 )
 from cyclone.calls.waiting import WAIT_DOC, Deadline, wait_pause
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import Stmt, fetch_async, run_plan_async
+from cyclone.joins import Join, join_async
 from cyclone.notify import Listener, Publisher
 from cyclone.options import Duration, seconds
 from cyclone.producer import EnqueueRequest, enqueue_stmt, enqueued_from_rows
@@ -75,6 +77,7 @@ class AsyncShell(AsyncShellBase):
         :mod:`cyclone.calls.effects`); its return value."""
         async with contextlib.AsyncExitStack() as stack:
             held: dict[bool, psycopg.AsyncConnection[Any]] = {}
+            joins: dict[int, Join] = {}  # id of the caller's object -> its transaction
 
             async def borrow(engine: bool) -> psycopg.AsyncConnection[Any]:
                 if engine not in held:
@@ -87,7 +90,7 @@ class AsyncShell(AsyncShellBase):
                 effect = next(script)
                 while True:
                     try:
-                        result = await self._effect(effect, borrow)
+                        result = await self._effect(effect, borrow, joins)
                     except BaseException as exc:
                         # the script sees the error where it yielded (its spans and
                         # cleanup run now, in this task); it re-raises it
@@ -99,15 +102,26 @@ class AsyncShell(AsyncShellBase):
                 return value
 
     async def _effect(
-        self, effect: Any, borrow: Callable[[bool], Awaitable[psycopg.AsyncConnection[Any]]]
+        self,
+        effect: Any,
+        borrow: Callable[[bool], Awaitable[psycopg.AsyncConnection[Any]]],
+        joins: dict[int, Join],
     ) -> Any:
         """Perform one effect of a script; its result."""
         match effect:
             case Own():
                 return await _own(await borrow(effect.engine), effect)
             case Joined():
-                self.config.check_tx_conn(effect.conn, psycopg.AsyncConnection)
-                return await run_plan_async(effect.conn, effect.plan)
+                join = joins[id(effect.conn)] = await join_async(effect.conn)
+                self.config.check_tx_conn(join.conn, psycopg.AsyncConnection)
+                return await run_plan_async(join.conn, effect.plan)
+            case Track():
+                join = joins[id(effect.conn)]
+                tracked = self.config.track(effect.conn, effect.queues)
+                if not tracked and join.after_commit is not None:
+                    wakeups = Wakeups.of_queues(effect.queues)
+                    join.after_commit(lambda: self._announce(wakeups))
+                return None
             case EnqueueOne():
                 return await self._enqueue_one(await borrow(False), effect.request)
             case Announce():

@@ -4,7 +4,8 @@ A call is a *script*: a generator method that checks its arguments, builds the p
 what to write (pure code: :mod:`cyclone.producer`, :mod:`cyclone.control`, ...), yields
 *effects* and receives their results, then returns the call's value. The effects are
 few: run a plan on a connection of the client's (:class:`Own`) or on the caller's, in
-the caller's transaction (:class:`Joined`); announce, after the commit, what the call
+the caller's transaction (:class:`Joined`), and record what it wrote there
+(:class:`Track`); announce, after the commit, what the call
 wrote (:class:`Announce`); insert one run, announced (:class:`EnqueueOne`, the one call
 that each client writes its fastest way).
 
@@ -44,6 +45,7 @@ __all__ = [
     "Own",
     "Script",
     "SyncShellBase",
+    "Track",
     "fetch",
     "fetch_one",
     "twin",
@@ -112,7 +114,18 @@ class EnqueueOne:
     request: EnqueueRequest
 
 
-Effect = Own[Any] | Joined[Any] | Announce | EnqueueOne
+@dataclass(frozen=True, slots=True)
+class Track:
+    """A ``*_tx`` call wrote work for ``queues`` in the caller's transaction on
+    ``conn`` (after its :class:`Joined`): record the queues in ``conn``'s tracker if it
+    is tracked; otherwise, when the holder of the transaction can run a callback after
+    its commit (a SQLAlchemy ``Session``, a Django connection), publish them then."""
+
+    conn: Any
+    queues: tuple[str, ...]
+
+
+Effect = Own[Any] | Joined[Any] | Announce | EnqueueOne | Track
 Script = Generator[Effect, Any, T]
 """A call: yields effects, receives their results, returns the call's value."""
 

@@ -14,6 +14,7 @@ from cyclone.calls.effects import (
     Joined,
     Own,
     Script,
+    Track,
     fetch,
     twin,
 )
@@ -210,7 +211,7 @@ class ProducerCalls(CallsCore):
             result: Enqueued = yield Joined(conn, enqueue_plan(request))
             span.set("cyclone.run_id", result.run_id)
         if not result.duplicate:
-            self.config.track(conn, (request.queue,))
+            yield Track(conn, (request.queue,))
         return result
 
     @twin
@@ -231,7 +232,7 @@ class ProducerCalls(CallsCore):
             plan = enqueue_many_plan(request) if inputs else _nothing([])
             handles: list[Enqueued] = yield Joined(conn, plan)
         if not all(handle.duplicate for handle in handles):
-            self.config.track(conn, (request.queue,))
+            yield Track(conn, (request.queue,))
         return handles
 
     @twin
@@ -254,7 +255,7 @@ class ProducerCalls(CallsCore):
             request = request.traced(span.traceparent)
             result: Submitted = yield Joined(conn, submit_plan(request))
             span.set("cyclone.run_id", result.run_id)
-        self.config.track(conn, request.workflow.queues)
+        yield Track(conn, tuple(request.workflow.queues))
         return result
 
     def track_wakeups(self, conn: Conn) -> WakeupTracker:

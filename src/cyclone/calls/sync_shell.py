@@ -9,6 +9,8 @@ logged, never raised); a call that borrowed none borrows one to publish.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
@@ -16,10 +18,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from cyclone.calls.effects import Announce, EnqueueOne, Joined, Own, Script, SyncShellBase, fetch
+from cyclone.calls.effects import (
+    Announce,
+    EnqueueOne,
+    Joined,
+    Own,
+    Script,
+    SyncShellBase,
+    Track,
+    fetch,
+)
 from cyclone.calls.waiting import WAIT_DOC, Deadline, wait_pause
 from cyclone.connections import ConnectionSettings
 from cyclone.dbio import run_plan_sync
+from cyclone.joins import Join, join_sync
 from cyclone.notify import RUN_DONE, runs_in_payload
 from cyclone.options import Duration, seconds
 from cyclone.producer import enqueue_stmt, enqueued_from_rows
@@ -29,6 +41,8 @@ from cyclone.sql import Q
 __all__ = ["SyncShell"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("cyclone.client")
 
 
 class SyncShell(SyncShellBase):
@@ -53,6 +67,7 @@ class SyncShell(SyncShellBase):
         :mod:`cyclone.calls.effects`); its return value."""
         with contextlib.ExitStack() as stack:
             held: list[psycopg.Connection[Any]] = []
+            joins: dict[int, Join] = {}  # id of the caller's object -> its transaction
 
             def borrow() -> psycopg.Connection[Any]:
                 if not held:
@@ -67,8 +82,16 @@ class SyncShell(SyncShellBase):
                             case Own():
                                 result = _own(borrow(), effect)
                             case Joined():
-                                self.config.check_tx_conn(effect.conn, psycopg.Connection)
-                                result = run_plan_sync(effect.conn, effect.plan)
+                                join = joins[id(effect.conn)] = join_sync(effect.conn)
+                                self.config.check_tx_conn(join.conn, psycopg.Connection)
+                                result = run_plan_sync(join.conn, effect.plan)
+                            case Track():
+                                result = None
+                                join = joins[id(effect.conn)]
+                                tracked = self.config.track(effect.conn, effect.queues)
+                                if not tracked and join.after_commit is not None:
+                                    publish = functools.partial(self._publish_later, effect.queues)
+                                    join.after_commit(publish)
                             case EnqueueOne():
                                 conn = borrow()
                                 rows = _own(conn, Own(fetch(enqueue_stmt(effect.request))))
@@ -88,6 +111,15 @@ class SyncShell(SyncShellBase):
             except StopIteration as stop:
                 value: T = stop.value
                 return value
+
+    def _publish_later(self, queues: Iterable[str]) -> None:
+        """Wake ``queues`` after a caller's commit, on a connection of the client's; a
+        failure is logged, never raised (the caller's work is committed)."""
+        try:
+            with self._connection() as conn:
+                self._publish(conn, queues, ())
+        except Exception:
+            log.exception("wakeups after a caller's commit not sent (a poll finds the work)")
 
     def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
         run_id = run_id_of(run)
