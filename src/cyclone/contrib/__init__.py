@@ -1,0 +1,1 @@
+"""Integrations that need a third-party package, each importable only with its extra."""
