@@ -1,10 +1,11 @@
 """Cyclone's benchmarks, measured against the raw-PostgreSQL limit on the same machine.
 
 ``python -m bench.jobs`` is the job-engine benchmark: it measures the raw limit with
-pgbench and the shared scripts (:mod:`bench.raw`), then Cyclone's enqueue rates, no-op
-throughput with worker processes and wake latency, and prints each Cyclone figure next
-to its raw limit, the ratio and the target. Every run works in throwaway databases it
-creates and drops, and writes its figures to ``bench/results/jobs-<timestamp>.json``.
+pgbench and the scripts of ``bench/raw-postgres`` (:mod:`bench.raw`), then Cyclone's
+enqueue rates, no-op throughput with worker processes and wake latency, and prints
+each Cyclone figure next to its raw limit, the ratio and the target. Every run works in
+throwaway databases it creates and drops, and writes its figures to
+``bench/results/jobs-<timestamp>.json``.
 
 Modules:
 

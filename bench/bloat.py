@@ -250,7 +250,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=None,
         help="VACUUM both tables every (s); 0: never [10 s if autovacuum is off, else never]",
     )
-    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="the shared pgbench scripts")
+    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="raw-limit pgbench scripts")
     add("--pgbench-seconds", type=int, default=None, help="length of each pgbench run [3; 2]")
     add("--results-dir", type=Path, default=jobs.RESULTS_DIR, help="where the JSON goes")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ database of its own:
    (default 3), and the median is reported.
 
 and prints each figure, Cyclone's ratio to each peer, and the raw-PostgreSQL limit of
-the shared pgbench scripts measured in the same run (single-row and 100-row INSERT,
+the raw-PostgreSQL pgbench scripts measured in the same run (single-row and 100-row INSERT,
 claim+complete in batches of 1 and 10). Each system runs with its usual guarantees:
 Cyclone and Procrastinate keep a row per job and update it on completion (Cyclone
 under a lease with heartbeats, a CAS on completion and a run row); PgQueuer deletes the
@@ -385,7 +385,7 @@ def best_cells(samples: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[
 
 
 def run(settings: Settings) -> dict[str, Any]:
-    log("raw PostgreSQL limit (pgbench, shared scripts)")
+    log("raw PostgreSQL limit (pgbench, bench/raw-postgres)")
     raw = measure_raw_limit(
         settings.admin_dsn,
         insert_clients=(1,),

@@ -399,7 +399,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     add("--count-interval", type=float, default=0.05, help="completed-count poll interval (s)")
     add("--worker-timeout", type=float, default=120.0, help="give up on a drain after (s)")
     add("--submit-repeats", type=int, default=10, help="timed submits of each 1,000-node DAG")
-    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="the shared pgbench scripts")
+    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="raw-limit pgbench scripts")
     add("--pgbench-seconds", type=int, default=3, help="raw-limit run length (0: none)")
     add("--phases", nargs="+", choices=PHASES, default=list(PHASES), help="what to measure")
     add("--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON goes")

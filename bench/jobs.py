@@ -2,7 +2,7 @@
 
 ``python -m bench.jobs [--dsn ADMIN_DSN] [options]`` measures, on this machine:
 
-1. **The raw limit** (:mod:`bench.raw`): the shared pgbench scripts, unchanged, in a
+1. **The raw limit** (:mod:`bench.raw`): the pgbench scripts of bench/raw-postgres, unchanged, in a
    throwaway database: single-row INSERT (``insert1.sql``) with 1 and ``--producers``
    clients, 100-row INSERT (``insert100.sql``) with 1 client, and claim+complete in
    batches of 1 and of 10 (``claim_complete1.sql``, ``claim_complete10.sql``) with as
@@ -509,7 +509,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     )
     add = parser.add_argument
     add("--dsn", default=DEFAULT_ADMIN_DSN, help="admin DSN; throwaway databases are made here")
-    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="the shared pgbench scripts")
+    add("--raw-scripts", type=Path, default=DEFAULT_SCRIPTS, help="raw-limit pgbench scripts")
     add("--pgbench-seconds", type=int, default=3, help="length of each pgbench run")
     add("--enqueue-seconds", type=float, default=3.0, help="length of each enqueue measurement")
     add("--producers", type=int, default=4, help="concurrent producers of the second enqueue run")

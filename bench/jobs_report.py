@@ -348,7 +348,7 @@ def print_report(
     print()
     print(
         "ratio = Cyclone / reference. The reference is the raw limit measured right before "
-        "(pgbench, shared scripts),\nor another Cyclone figure where named. Latencies: the "
+        "(pgbench, bench/raw-postgres),\nor another Cyclone figure where named. Latencies: the "
         "raw wake probe (bench/wake.py), or pgbench's mean latency\nof a single-row INSERT "
         "(one commit). server CPU = CPU time of the backends (Cyclone's application_name\n"
         "cyclone*, pgbench's pgbench) per job. busy = share of 0.5 s samples in which "

@@ -1,6 +1,6 @@
-"""The raw-PostgreSQL limit: the shared pgbench scripts against a bare job table.
+"""The raw-PostgreSQL limit: pgbench scripts against a bare job table.
 
-The scripts of ``/work/shared/bench/raw-postgres`` (see its README) run unchanged in a
+The scripts of ``bench/raw-postgres`` (see its README) run unchanged in a
 throwaway database: ``schema.sql`` creates the ``jobs`` table, ``refill.sql`` loads
 200,000 available rows (then VACUUM ANALYZE and CHECKPOINT), and each measurement is
 one short ``pgbench -n -M prepared -c C -j min(C, cores) -T S -f SCRIPT`` run:
@@ -49,7 +49,7 @@ __all__ = [
     "measure_raw_limit",
 ]
 
-DEFAULT_SCRIPTS = Path("/work/shared/bench/raw-postgres")
+DEFAULT_SCRIPTS = Path(__file__).resolve().parent / "raw-postgres"
 INSERT_SCRIPTS = {"insert1.sql": 1, "insert100.sql": 100}
 """Insert scripts and the rows each transaction inserts."""
 CLAIM_SCRIPTS = {"claim_complete1.sql": 1, "claim_complete10.sql": 10}
@@ -108,7 +108,7 @@ class PgbenchResult:
 
 
 class RawLimit:
-    """Runs the shared scripts against one database that holds the ``jobs`` table."""
+    """Runs the raw-PostgreSQL scripts against one database that holds the ``jobs`` table."""
 
     def __init__(self, dsn: str, scripts: Path, *, seconds: int) -> None:
         self.dsn = dsn

@@ -52,7 +52,7 @@ _TIMEOUT = 10.0  # seconds for one report of the listener
 
 
 def claim_statement(scripts: Path) -> bytes:
-    """``claim1.sql`` of the shared scripts with ``RETURNING jobs.id`` in place of its
+    """``claim1.sql`` of bench/raw-postgres with ``RETURNING jobs.id`` in place of its
     final semicolon.
 
     Raises:
