@@ -1,14 +1,16 @@
 """Quickstart: kinds, a worker, enqueueing, exactly-once writes, retries, waiting.
 
-Run it with ``python examples/quickstart.py``. It uses ``$CYCLONE_DSN``, else a local
-PostgreSQL at 127.0.0.1:5432, else an embedded one (``pip install -e '.[embedded]'``),
-works in a database of its own (``cyclone_quickstart``, created when it can be), and
-prints what happened to each run.
+Run it with ``python examples/quickstart.py``. It works in the database of
+``$CYCLONE_DSN`` when that is set; otherwise in a database of its own
+(``cyclone_quickstart``, created when it can be) on the local PostgreSQL at
+127.0.0.1:5432, else on an embedded one (``pip install -e '.[embedded]'``). It prints
+what happened to each run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import psycopg
@@ -44,7 +46,10 @@ def flaky(ctx: cyclone.Context, inp: None) -> str:
 
 
 def own_database(dsn: str, name: str) -> str:
-    """``dsn`` pointed at database ``name``, created if possible; else ``dsn`` itself."""
+    """``dsn`` itself when ``$CYCLONE_DSN`` is set (the database the user chose);
+    otherwise ``dsn`` pointed at database ``name``, created if possible, else ``dsn``."""
+    if os.environ.get("CYCLONE_DSN"):
+        return dsn
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             exists = conn.execute(
