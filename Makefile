@@ -2,7 +2,7 @@
 # exactly what a developer runs. Run `make help` for the list.
 PYTHON ?= python
 
-.PHONY: help install lint format typecheck test-fast test check ci
+.PHONY: help install lint format typecheck test-fast test docs check ci
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -26,6 +26,9 @@ test-fast:  ## the fast tier: every test not marked slow (the edit loop)
 
 test:  ## the full suite, as the README says
 	$(PYTHON) -m pytest
+
+docs:  ## build the docs site into site/ (extra docs), failing on any warning
+	$(PYTHON) -m mkdocs build --strict
 
 check: lint typecheck test-fast  ## lint, types and the fast tier: before every commit
 

@@ -16,7 +16,7 @@ transaction fail) any row that:
   is not ``completed`` in what the claim's transaction sees: no dependency policy runs
   a node after a parent that did not complete.
 
-Nothing here touches the reference tables' definitions: the trigger and its function
+Nothing here touches the base schema's table definitions: the trigger and its function
 live in the guard's own schema and exist only in test databases. Tests of the schema
 itself, which write rows by hand to probe its constraints, turn it off in their own
 database (:func:`disable`).

@@ -7,6 +7,8 @@ records :class:`Run`, :class:`Step`, :class:`Schedule`, :class:`Enqueued` and
 of :mod:`cyclone.errors`.
 """
 
+from importlib import metadata as _metadata
+
 from cyclone.client import Client
 from cyclone.config import WakeupTracker
 from cyclone.context import Context
@@ -74,4 +76,9 @@ __all__ = [
     "step",
 ]
 
-__version__ = "0.1.0"
+try:
+    __version__: str = _metadata.version("cyclone")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
+"""The installed version (PEP 440), read from the package's metadata, whose one source is
+``version`` in pyproject.toml; ``cyclone --version`` prints the same."""

@@ -230,7 +230,7 @@ class Claimer:
     ) -> list[Claimed]:
         """Give back workflow steps whose run's def_version this worker does not register.
 
-        decisions.md, def_version: the step goes back to ``available`` after a short
+        docs/design.md, Who claims what: the step goes back to ``available`` after a short
         delay, with no attempt and no reclaim counted and ``error_kind =
         'def_version_mismatch'``, for a worker that has the run's definition.
         """
@@ -289,7 +289,7 @@ class Claimer:
                 resolved.append(step)
                 continue
             try:
-                value = assemble(step.run_id, step.input_from, step.bindings, outputs)
+                value = assemble(step.run_id, step.input_from, step.bindings, outputs, step.names)
                 resolved.append(replace(step, input=value))
             except InputError as exc:
                 resolved.append(replace(step, input=None, input_error=str(exc)))

@@ -1,7 +1,8 @@
 """The ``cyclone`` command (also ``python -m cyclone``).
 
-Commands read the database from ``--dsn`` or the
-``CYCLONE_DSN`` environment variable. Errors print one line and exit non-zero.
+Commands read the database from ``--dsn`` or the ``CYCLONE_DSN`` environment variable
+(``worker`` from its application's client). Errors print one line and exit non-zero;
+``cyclone --version`` prints the package's version (:func:`version`).
 
 ``migrate`` and ``worker`` (:mod:`cyclone.cli_worker`) set up and run; ``runs``, ``run``,
 ``step``, ``steps``, ``queues`` and ``kinds`` inspect (tables through rich, or ``--json``;
@@ -14,6 +15,7 @@ serves the web dashboard.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import logging
 import os
@@ -29,7 +31,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 from rich.console import Console, RenderableType
 
-from cyclone import monitor, render
+from cyclone import monitor, render, render_run
 from cyclone.cli_dashboard import dashboard
 from cyclone.cli_options import (
     connection_options,
@@ -42,9 +44,10 @@ from cyclone.cli_worker import load_client, worker
 from cyclone.connections import ConnectionSettings
 from cyclone.errors import CycloneError
 from cyclone.migrate import migrate as run_migrate
+from cyclone.sizing import DEFAULT_SLOTS
 from cyclone.sync_client import SyncClient
 
-__all__ = ["load_client", "main"]
+__all__ = ["load_client", "main", "version"]
 
 T = TypeVar("T")
 
@@ -72,15 +75,51 @@ class _UsageLine(click.ClickException):
     exit_code = 2
 
 
-@click.group(cls=_Group)
+def version() -> str:
+    """The installed version of the ``cyclone`` package (``"unknown"`` when it is run
+    from a source tree that was never installed)."""
+    try:
+        return importlib.metadata.version("cyclone")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"cyclone {version()}")
+        ctx.exit()
+
+
+_MAIN_HELP = f"""Cyclone: durable jobs and workflows on PostgreSQL.
+
+Database: the commands that read or act take --dsn (a connection string or URL), else
+$CYCLONE_DSN, and --schema (default public); --pooler, else $CYCLONE_POOLER, says
+whether the DSN goes through a transaction-mode pooler. `cyclone demo` without either
+uses a database cyclone_demo on the local server, else an embedded one.
+
+Workers: `cyclone worker APP` runs the handlers of the application's client: its
+database is the one that client was built with, its queues and slots are the client's
+queues= (by default each queue of its kinds and workflows, {DEFAULT_SLOTS} slots each),
+changed by --slots and --queue NAME=SLOTS (see cyclone worker --help)."""
+
+
+@click.group(cls=_Group, help=_MAIN_HELP)
 @click.option(
     "--log-level",
     default="info",
     show_default=True,
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
 )
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Print Cyclone's version and exit.",
+)
 def main(log_level: str) -> None:
-    """Cyclone: durable jobs and workflows on PostgreSQL."""
+    """The ``cyclone`` command group (its help is :data:`_MAIN_HELP`)."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -184,7 +223,7 @@ def show_run(dsn: str, schema: str, run_id: int, as_json: bool) -> None:
             lambda conn: (monitor.run_steps_sync(conn, run.id), monitor.run_deps_sync(conn, run.id))
         )
     if not as_json:
-        _print(render.run_view(run, steps, deps))
+        _print(render_run.run_view(run, steps, deps))
         return
     after: dict[str, list[str]] = {}
     for node, dep in deps:
@@ -227,13 +266,18 @@ def steps(
     limit: int,
     as_json: bool,
 ) -> None:
-    """List steps, newest first (from the view cyclone_v_steps)."""
+    """List steps, newest first (from the view cyclone_v_steps). Its attempt column is
+    "N of M": N the executions so far (the one running or that completed the step
+    counted), M the attempts allowed; --json gives N as "executions"."""
     stmt = monitor.steps_stmt(run_id=run_id, state=state, kind=kind, queue=queue, limit=limit)
     with _database(dsn, schema) as db:
         found = db.read(lambda conn: monitor.find_steps_sync(conn, stmt))
         if run_id is not None and not found:
             db.client.get_run(run_id)  # NotFoundError for an unknown run
-    _listing(found, as_json, render.steps_table, "no steps")
+    shown: Sequence[Any] = found
+    if as_json:
+        shown = [{**render.as_dict(s), "executions": render.executions(s)} for s in found]
+    _listing(shown, as_json, render.steps_table, "no steps")
 
 
 @main.command()

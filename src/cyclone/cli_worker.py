@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,44 +28,162 @@ from cyclone.errors import ConfigurationError
 from cyclone.handlers import Handler
 from cyclone.hosts import is_loopback
 from cyclone.observability.logs import LOG_FORMATS, configure_logging
+from cyclone.sizing import DEFAULT_SLOTS, DEFAULT_TX_SLOTS
 
 if TYPE_CHECKING:
     from cyclone.observability.serve import MetricsServer
 
-__all__ = ["load_client", "worker"]
+__all__ = ["DEFAULT_ATTRIBUTE", "load_client", "worker"]
 
 log = logging.getLogger("cyclone.cli")
 
 
-def load_client(app: str) -> Client:
-    """Import ``module:attribute`` and return the :class:`Client` it names.
+DEFAULT_ATTRIBUTE = "client"
+"""The attribute ``cyclone worker APP`` takes when APP names a module only."""
 
-    The attribute may be a ``Client`` or a function of no arguments returning one.
+
+def _split_app(app: str) -> tuple[str, str]:
+    """``(module or file, attribute)`` of an APP argument; a bare module or file means
+    its :data:`DEFAULT_ATTRIBUTE`.
 
     Raises:
-        click.BadParameter: the path is malformed, the import fails, or the attribute
-            is not a client.
+        click.BadParameter: APP is empty, or its attribute is not a Python identifier.
     """
-    module_name, _, attribute = app.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"expected module:attribute, got {app!r}", param_hint="APP")
+    where, colon, attribute = app.rpartition(":")
+    if not colon or "/" in attribute or "\\" in attribute:  # a bare module, or C:\app.py
+        where, attribute = app, DEFAULT_ATTRIBUTE
+    if not where or not attribute.isidentifier():
+        raise click.BadParameter(
+            f"expected module:attribute, file.py:attribute or a bare module, got {app!r}",
+            param_hint="APP",
+        )
+    return where, attribute
+
+
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def _import_file(where: str) -> ModuleType:
+    """Import the Python file ``where`` under its dotted name: its folder, or the first
+    folder above it that is not a package (has no ``__init__.py``), goes first on
+    ``sys.path``, so that its own imports (relative ones too) work as in the app.
+
+    Raises:
+        click.BadParameter: no such file, or its import fails.
+    """
+    path = Path(where).resolve()
+    if path.suffix != ".py" or not path.is_file():
+        raise click.BadParameter(f"no Python file {where!r}", param_hint="APP")
+    parts = [path.stem] if path.stem != "__init__" else []
+    folder = path.parent
+    while (folder / "__init__.py").is_file() and folder.parent != folder:
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if not parts:
+        raise click.BadParameter(f"{where!r} names no module", param_hint="APP")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return _import_module(".".join(parts), shown=where)
+
+
+def _import_module(name: str, *, shown: str) -> ModuleType:
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(name)
     except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
-    target = getattr(module, attribute, None)
-    if callable(target) and not isinstance(target, Client | Handler):
-        try:
-            target = target()
-        except TypeError as exc:  # a function that needs arguments is not a factory
-            raise click.BadParameter(
-                f"{app!r} is not a cyclone.Client nor a function of no arguments returning "
-                f"one: {exc}",
-                param_hint="APP",
-            ) from exc
-    if not isinstance(target, Client):
-        raise click.BadParameter(f"{app!r} is not a cyclone.Client", param_hint="APP")
-    return target
+        raise click.BadParameter(f"cannot import {shown!r}: {exc}", param_hint="APP") from exc
+
+
+def _needs_arguments(factory: Callable[..., Any]) -> bool:
+    """Whether calling ``factory()`` with no arguments is bound to fail."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # some builtins have none: try the call
+        return False
+    try:
+        signature.bind()
+    except TypeError:
+        return True
+    return False
+
+
+def load_client(app: str) -> Client:
+    """The :class:`Client` that ``app`` names.
+
+    ``app`` is ``package.module:attribute``, ``path/to/file.py:attribute``, or a bare
+    module or file, which means its attribute ``client``. The attribute is a ``Client``,
+    or a plain function of no arguments returning one (called once). A coroutine
+    function is refused without being called.
+
+    Raises:
+        click.BadParameter: APP is malformed, the module or file cannot be imported, it
+            has no such attribute, or the attribute is not a client (a coroutine function,
+            a function needing arguments, anything else); one line naming APP.
+    """
+    where, attribute = _split_app(app)
+    module = _import_file(where) if _is_file(where) else _import_module(where, shown=where)
+    try:
+        target = getattr(module, attribute)
+    except AttributeError:
+        hint = f" (a bare {where!r} means {where}:{DEFAULT_ATTRIBUTE})" if ":" not in app else ""
+        raise click.BadParameter(
+            f"{where!r} has no attribute {attribute!r}{hint}", param_hint="APP"
+        ) from None
+    named = f"{where}:{attribute}"
+    if isinstance(target, Client):
+        return target
+    if isinstance(target, Handler) or not callable(target):
+        raise click.BadParameter(
+            f"{named!r} is not a cyclone.Client (it is {_kind_of(target)})", param_hint="APP"
+        )
+    if _is_async(target):
+        raise click.BadParameter(
+            f"{named!r} is not a cyclone.Client but {_is_async(target)} (not called): "
+            "name the client, or a plain function of no arguments that returns one",
+            param_hint="APP",
+        )
+    if _needs_arguments(target):
+        raise click.BadParameter(
+            f"{named!r} is not a cyclone.Client nor a function of no arguments returning "
+            "one: it takes arguments",
+            param_hint="APP",
+        )
+    made = target()
+    if inspect.isawaitable(made):
+        if inspect.iscoroutine(made):
+            made.close()  # never run: no "was never awaited" warning
+        raise click.BadParameter(
+            f"{named}() returned an awaitable, not a cyclone.Client (a factory must be a "
+            "plain function)",
+            param_hint="APP",
+        )
+    if not isinstance(made, Client):
+        raise click.BadParameter(
+            f"{named}() returned {_kind_of(made)}, not a cyclone.Client", param_hint="APP"
+        )
+    return made
+
+
+def _is_async(target: Any) -> str:
+    """What async function ``target`` is (``"a coroutine function"``, ``"an async
+    generator function"``), a partial of one or an object whose ``__call__`` is one
+    included; ``""`` for anything else. ``target`` is callable."""
+    found = [target]
+    if not inspect.isroutine(target) and not inspect.isclass(target):
+        found.append(type(target).__call__)
+    if any(inspect.isasyncgenfunction(f) for f in found):
+        return "an async generator function"
+    return "a coroutine function" if any(inspect.iscoroutinefunction(f) for f in found) else ""
+
+
+def _kind_of(value: object) -> str:
+    """``value`` for an error line: ``the handler of kind 'k'``, ``None``, ``an int``."""
+    if value is None:
+        return "None"
+    if isinstance(value, Handler):
+        return f"the handler of kind {value.kind!r}"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 async def _serve(client: Client) -> None:
@@ -151,7 +273,25 @@ def _start_metrics(
     return server
 
 
-@click.command()
+_WORKER_HELP = f"""Run the handlers of APP's client until SIGTERM, then drain gracefully.
+
+APP names the application's cyclone.Client: package.module:attribute,
+path/to/file.py:attribute, or a bare package.module (or file), which means its
+attribute `{DEFAULT_ATTRIBUTE}`. The attribute may also be a plain function of no
+arguments that returns the client.
+
+Database: the one the client was built with (its conninfo or pool, with its schema);
+this command has no --dsn. --pooler (else $CYCLONE_POOLER) applies unless the
+client was given pooler=.
+
+Queues and slots: the client's queues= (by default every queue of its kinds and
+workflows, {DEFAULT_SLOTS} slots each); --slots N gives each of those N slots, then
+each --queue NAME=SLOTS sets one queue, served even if the client does not serve it.
+Completion transactions open at once: the client's tx_slots (by default the total of
+slots, at most {DEFAULT_TX_SLOTS})."""
+
+
+@click.command(help=_WORKER_HELP, short_help="Run the handlers of APP's client until SIGTERM.")
 @click.argument("app")
 @slot_options
 @pooler_option
@@ -203,7 +343,7 @@ def worker(
     metrics_token: str | None,
     metrics_db: bool,
 ) -> None:
-    """Run the workers of APP (module:client) until SIGTERM, then drain gracefully."""
+    """``cyclone worker APP`` (its help is :data:`_WORKER_HELP`)."""
     _check_metrics_flags(metrics_port, metrics_host, metrics_token, metrics_db)
     configure_logging(ctx.find_root().params.get("log_level") or "info", log_format)
     sys.path.insert(0, "")

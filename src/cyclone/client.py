@@ -5,7 +5,7 @@ A client built with handlers runs an engine when started
 recovery sweep and the other background passes; the client itself keeps the producer
 and inspection calls, the publisher and the LISTEN connection. A client with no
 handlers never claims or scans; it only enqueues and inspects. Connections
-(docs/decisions.md, Connections and pools):
+(docs/design.md, Connections and pools; docs/decisions.md, Connections):
 
 * the lease pool, 2 autocommit connections for claims and heartbeats only, so that they
   never wait behind completions, the sweep or producer calls;

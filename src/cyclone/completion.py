@@ -7,6 +7,12 @@ handler pool (async for ``async def`` handlers, sync for plain ``def`` handlers)
 taking one of ``tx_slots`` slots; it is committed or rolled back by the worker when the
 handler returns. The engine's reserve of connections is never lent to it.
 
+An object may be bound to the transaction (:attr:`CompletionTx.attachment`: the
+SQLAlchemy session of ``ctx.completion_session()``): it is finished when the handler
+returns (its pending writes sent; an error there is the handler's), and released just
+before the transaction ends, whichever way. Callbacks in
+:attr:`CompletionTx.after_commit` run once the transaction has committed.
+
 A sync handler's thread cannot be stopped when it overruns its timeout, but its
 transaction can: :meth:`CompletionTx.end_from_engine` terminates the transaction's
 server backend from an engine connection, so that its row locks and its xid are
@@ -18,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -29,14 +37,32 @@ from cyclone.dbio import Stmt, fetch_async, fetch_sync
 from cyclone.errors import ConfigurationError, LeaseLost
 from cyclone.sql import Q
 
-__all__ = ["CompletionTx", "TxSlots"]
+__all__ = ["Attachment", "CompletionTx", "TxSlots"]
+
+log = logging.getLogger("cyclone.worker")
+
+
+class Attachment(Protocol):
+    """An object bound to a completion transaction; its methods return ``None`` for a
+    sync handler's transaction, an awaitable for an async handler's."""
+
+    def finish(self) -> Awaitable[None] | None:
+        """The handler returned: send what it left pending on the transaction.
+
+        Raises:
+            Exception: the handler's work cannot be written (the handler failed).
+        """
+
+    def release(self) -> Awaitable[None] | None:
+        """The transaction ends now (commit or rollback): let go of it, sending no
+        statement."""
 
 
 class TxSlots:
     """A counting semaphore shared by handler threads and the event loop.
 
     ``tx_slots`` bounds the completion transactions open at once across sync and
-    async handlers (decisions.md, Connections and pools).
+    async handlers (docs/design.md, Connections and pools).
     """
 
     def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
@@ -131,6 +157,61 @@ class CompletionTx:
         self._backend: tuple[int, Any] | None = None  # (pid, xact_start) on the server
         self.ended = False
         """True once :meth:`end_from_engine` ran: the transaction is refused."""
+        self.attachment: Attachment | None = None
+        """An object bound to the transaction (see :class:`Attachment`), or ``None``."""
+        self.after_commit: list[Callable[[], None]] = []
+        """Callbacks run after the transaction commits (dropped if it does not)."""
+
+    @property
+    def sync_pool(self) -> ConnectionPool[Any] | None:
+        """The handler pool a sync handler's transaction is taken from."""
+        return self._sync_pool
+
+    @property
+    def async_pool(self) -> AsyncConnectionPool[Any] | None:
+        """The handler pool an async handler's transaction is taken from."""
+        return self._async_pool
+
+    def finish_sync(self) -> None:
+        """A sync handler returned: finish the attachment, if any.
+
+        Raises:
+            Exception: what finishing it raised (the handler's work cannot be written).
+        """
+        if self.attachment is not None:
+            self.attachment.finish()
+
+    async def finish_async(self) -> None:
+        """The async twin of :meth:`finish_sync`."""
+        if self.attachment is not None:
+            finished = self.attachment.finish()
+            if finished is not None:
+                await finished
+
+    def _release_sync(self) -> None:
+        attachment, self.attachment = self.attachment, None
+        if attachment is not None:
+            try:
+                attachment.release()
+            except Exception:
+                log.exception("releasing %r failed", attachment)
+
+    async def _release_async(self) -> None:
+        attachment, self.attachment = self.attachment, None
+        if attachment is not None:
+            try:
+                released = attachment.release()
+                if released is not None:
+                    await released
+            except Exception:
+                log.exception("releasing %r failed", attachment)
+
+    def _committed(self, callbacks: list[Callable[[], None]]) -> None:
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("a callback after the completion commit failed")
 
     @property
     def opened(self) -> bool:
@@ -259,9 +340,11 @@ class CompletionTx:
         """
         conn, block = self.async_conn, self._async_block
         self.async_conn = self._async_block = None
+        callbacks, self.after_commit = self.after_commit, []
         if conn is None or block is None or self._async_pool is None:
             return
         try:
+            await self._release_async()
             if commit:
                 await block.__aexit__(None, None, None)
             else:
@@ -270,6 +353,8 @@ class CompletionTx:
         finally:
             await self._async_pool.putconn(conn)
             self._slots.release()
+        if commit:
+            self._committed(callbacks)
 
     def close_sync(self, *, commit: bool) -> None:
         """The synchronous twin of :meth:`close_async`.
@@ -282,9 +367,11 @@ class CompletionTx:
             conn, block = self.sync_conn, self._sync_block
             self.sync_conn = self._sync_block = None
             ended = self.ended
+        callbacks, self.after_commit = self.after_commit, []
         if conn is None or block is None or self._sync_pool is None:
             return
         try:
+            self._release_sync()
             if commit and not ended:
                 block.__exit__(None, None, None)
             else:
@@ -297,6 +384,8 @@ class CompletionTx:
         finally:
             self._sync_pool.putconn(conn)
             self._slots.release()
+        if commit:
+            self._committed(callbacks)
 
 
 _FOREVER = 365 * 24 * 3600.0

@@ -317,15 +317,30 @@ class ClientConfig:
             )
 
     def tracker_for(self, conn: Any) -> WakeupTracker:
-        """The tracker of ``conn``, made on first use."""
-        tracker = self.trackers.get(conn)
-        if tracker is None:
-            tracker = self.trackers[conn] = WakeupTracker()
+        """The tracker of ``conn``, made on first use.
+
+        Raises:
+            ValidationError: ``conn`` cannot be tracked (it cannot be a weak dictionary
+                key, as ``django.db.connection``, whose wakeups go out at its commit
+                anyway, or a value such as a string or ``None``).
+        """
+        try:
+            tracker = self.trackers.get(conn)
+            if tracker is None:
+                tracker = self.trackers[conn] = WakeupTracker()
+        except TypeError:
+            raise ValidationError(
+                f"cannot track wakeups of {conn!r}: expected the connection (or session) "
+                "that *_tx calls are given"
+            ) from None
         return tracker
 
     def track(self, conn: Any, queues: Iterable[str]) -> bool:
         """Record queues for the tracker of ``conn``, if it is tracked; whether it is."""
-        tracker = self.trackers.get(conn)
+        try:
+            tracker = self.trackers.get(conn)
+        except TypeError:  # unhashable (django.db.connection): cannot have been tracked
+            return False
         if tracker is None:
             return False
         tracker.queues.update(queues)

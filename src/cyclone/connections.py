@@ -1,7 +1,7 @@
 """Connection settings shared by the client's pools, the listener and the migrator.
 
 Every connection Cyclone opens runs with ``search_path`` set to the chosen schema
-(decisions.md, Connections and pools), so the statements in ``cyclone/sql`` need no
+(docs/design.md, Connections and pools), so the statements in ``cyclone/sql`` need no
 schema qualification, and carries an ``application_name`` that says what it serves.
 
 Two ways to reach the server (``pooler=``):

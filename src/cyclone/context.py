@@ -10,12 +10,13 @@ handler's task at that moment; a plain ``def`` handler should poll ``cancelled``
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Unpack
 
 from cyclone.completion import CompletionTx
 from cyclone.dbio import run_plan_async, run_plan_sync
-from cyclone.errors import LeaseLost
+from cyclone.errors import ConfigurationError, LeaseLost
 from cyclone.observability.tracing import enqueue_attributes, producer_span, submit_attributes
 from cyclone.producer import EnqueueOptions, EnqueueRequest, KindTarget, enqueue_plan
 from cyclone.records import Enqueued, Submitted
@@ -56,6 +57,8 @@ class Context:
         "_build_submit",
         "_cancelled",
         "_is_async",
+        "_run_input",
+        "_run_input_json",
         "_tx",
         "_wakeups",
         "attempt",
@@ -88,6 +91,26 @@ class Context:
         self._build_request, self._build_submit = build_request, build_submit
         self._cancelled = False
         self._wakeups: set[str] = set()
+        self._run_input: Any = step.input if step.run_input_json is None else None
+        self._run_input_json = step.run_input_json
+
+    @property
+    def run_input(self) -> Any:
+        """The input of this step's run: the value given to ``enqueue`` or ``submit``
+        (or the child node's input, in a child run), as the JSON value stored (dict,
+        list, str, int, float, bool or ``None``; never decoded into a dataclass or a
+        pydantic model), whatever this node's own input is (a data edge, a fan-in, a
+        constant, a fan-out item).
+
+        For a standalone run, and a workflow step that takes the run input, it is the
+        value the handler received before any decoding (the same object: a change the
+        handler makes to one shows in the other). Otherwise the claim carries it as
+        JSON text, parsed on the first read.
+        """
+        if self._run_input_json is not None:
+            self._run_input = json.loads(self._run_input_json)
+            self._run_input_json = None
+        return self._run_input
 
     @property
     def cancelled(self) -> bool:
@@ -113,6 +136,39 @@ class Context:
         if self._is_async:
             return self._tx.open_async()
         return self._tx.open_sync()
+
+    def completion_session(self) -> Any:
+        """A SQLAlchemy session on this step's completion transaction (extra
+        ``sqlalchemy``).
+
+        In a plain ``def`` handler this returns a ``sqlalchemy.orm.Session``; in an
+        ``async def`` handler an awaitable of a ``sqlalchemy.ext.asyncio.AsyncSession``
+        (``session = await ctx.completion_session()``); the same session on every call.
+        It works with any mapped classes and runs on the connection of
+        :meth:`completion_tx`, so ORM writes commit together with the step's completion,
+        or not at all: when the handler returns, the worker flushes the session (an
+        error there fails the attempt as if the handler had raised it), completes the
+        step and commits; when the handler raises, everything rolls back. The session
+        is closed when the transaction ends.
+
+        Its transaction is a savepoint of the completion transaction:
+        ``session.rollback()`` undoes the session's writes only, and
+        ``begin_nested()`` works as usual.
+
+        Raises:
+            StateError: from the session's ``commit()`` (the worker commits).
+            ConfigurationError: SQLAlchemy is not installed.
+            LeaseLost: the step timed out and its transaction was ended.
+        """
+        try:
+            from cyclone.contrib import sqlalchemy as adapter
+        except ImportError as exc:
+            raise ConfigurationError(
+                "ctx.completion_session() needs SQLAlchemy: pip install 'cyclone[sqlalchemy]'"
+            ) from exc
+        if self._is_async:
+            return adapter.completion_session_async(self._tx)
+        return adapter.completion_session_sync(self._tx)
 
     def enqueue_completion(
         self, kind: KindTarget, input: Any = None, **options: Unpack[EnqueueOptions]

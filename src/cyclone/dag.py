@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,6 +31,7 @@ __all__ = [
     "NodeSpec",
     "check_duration",
     "check_id",
+    "fan_in",
     "fingerprint",
     "signals_of",
     "topological_order",
@@ -66,8 +67,10 @@ NodeRef = Node | str
 class NodeSpec:
     """One declared node: its kind, edges, input binding and options.
 
-    ``input`` is the constant input as JSON text, or ``None``. ``overrides`` are the
-    options given at definition; the kind's defaults fill the rest at submit.
+    ``input`` is the constant input as JSON text, or ``None``. ``input_names`` are the
+    names of ``inputs`` (aligned, slot order) when they were given as a mapping, else
+    ``None``. ``overrides`` are the options given at definition; the kind's defaults
+    fill the rest at submit.
     """
 
     id: str
@@ -92,6 +95,18 @@ class NodeSpec:
     keys: Mapping[str, str | ItemKey] = field(default_factory=dict)
     """The node's flow keys by name (``concurrency_key``, ``rate_key``,
     ``fairness_key``): a key, or an :class:`cyclone.ItemKey` of a fan-out's items."""
+    input_names: tuple[str, ...] | None = None
+
+    @property
+    def takes_run_input(self) -> bool:
+        """True when the node's input is the run input: no data edge, no constant
+        input, and a node that takes an input (not a sleep or signal wait)."""
+        return (
+            self.input is None
+            and self.input_from is None
+            and not self.inputs
+            and self.kind not in ("@sleep", "@signal")
+        )
 
     @property
     def deps(self) -> dict[str, str]:
@@ -145,7 +160,8 @@ def fingerprint(name: str, result: str | None, nodes: Iterable[NodeSpec]) -> str
     """A stable fingerprint of a validated DAG: 32 hex digits.
 
     Computed from the workflow name, each node's id, kind, edges (with their type),
-    input bindings (slot order and assembly) and the result node, serialized as
+    input bindings (slot order, assembly, and the input names of named bindings) and
+    the result node, serialized as
     canonical JSON and hashed with SHA-256. The same definition gives the same string
     in every process and Python version; changing topology, kinds or edges changes it.
     Options (queue, priority, attempts, timeouts, retention, failure policy) and
@@ -162,6 +178,7 @@ def fingerprint(name: str, result: str | None, nodes: Iterable[NodeSpec]) -> str
                 spec.input_from,
                 list(spec.inputs),
                 spec.assembly if spec.inputs else None,
+                *([["names", list(spec.input_names)]] if spec.input_names else []),
                 *_wait_shape(spec),
             ]
             for spec in sorted(nodes, key=lambda s: s.id)
@@ -228,6 +245,40 @@ def flow_keys(where: str, *, items: bool = False, **keys: Any) -> dict[str, str 
         except ValidationError as exc:
             raise WorkflowError(str(exc)) from None
     return found
+
+
+def fan_in(
+    inputs: Any, where: str, ref: Callable[[Any, str], str]
+) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    """A node's ``inputs=``: its source node ids in slot order (each read by ``ref``),
+    and their input names when ``inputs`` is a mapping of names to nodes (``None`` for
+    a list, and for no ``inputs``).
+
+    Raises:
+        WorkflowError: ``inputs`` is neither a non-empty list of nodes nor a non-empty
+            mapping of names to nodes, or a name is not a non-empty string without NUL
+            of at most 1,024 bytes, or is given twice, naming it.
+    """
+    if inputs is None:
+        return (), None
+    if isinstance(inputs, Mapping):
+        if not inputs:
+            raise WorkflowError(f"{where}: inputs must name at least one node, got {{}}")
+        names = tuple(check_id(name, f"input name of {where}") for name in inputs)
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise WorkflowError(f"{where}: input name {twice[0]!r} is given twice")
+        sources = tuple(
+            ref(node, f"input {name!r} of {where}")
+            for name, node in zip(names, inputs.values(), strict=True)
+        )
+        return sources, names
+    if isinstance(inputs, str | Node) or not isinstance(inputs, Sequence) or not inputs:
+        raise WorkflowError(
+            f"{where}: inputs must be a non-empty list of nodes, or a dict of input "
+            f"names to nodes, got {inputs!r}"
+        )
+    return tuple(ref(node, f"inputs of {where}") for node in inputs), None
 
 
 def _cycle(stuck: list[str], nodes: Mapping[str, NodeSpec]) -> str:

@@ -5,7 +5,7 @@ The engine decides what to write in pure code: a :class:`Stmt` (a named statemen
 :data:`Plan`, a generator that yields statements and receives their rows, for the rare
 sequence that depends on what came back. The functions here only execute: the same
 plan runs on a ``psycopg.Connection`` or a ``psycopg.AsyncConnection``, so the sync and
-async paths cannot drift apart (style.md, Keep I/O out of the core).
+async paths cannot drift apart (CONTRIBUTING.md, Conventions: keep I/O out of the core).
 
 A batch is one round trip. On a direct connection it is a pipeline of server-side
 prepared statements (each statement is parsed and planned once per connection, then

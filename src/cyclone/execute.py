@@ -208,9 +208,11 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
             raise Discard(step.input_error)
         if timeout_cm is None:
             value = await handler.fn(ctx, handler.codec.decode(step.input))
+            await ctx._tx.finish_async()  # its completion session's writes: still its own
         else:
             async with timeout_cm:
                 value = await handler.fn(ctx, handler.codec.decode(step.input))
+                await ctx._tx.finish_async()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not held.gone or task is None:
@@ -258,6 +260,8 @@ def _run_sync_handler(
             if step.input_error is not None:
                 raise Discard(step.input_error)
             value = handler.fn(ctx, handler.codec.decode(step.input))
+            if not (held.gone or ctx.cancelled):
+                tx.finish_sync()  # its completion session's writes: still its own
         except Exception as exc:
             error = exc
             outcome = decide_outcome(handler, step, error=exc, not_held=held.gone or ctx.cancelled)

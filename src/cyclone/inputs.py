@@ -1,6 +1,6 @@
 """Output Resolution: a workflow step's input, from upstream outputs, through an LRU cache.
 
-docs/decisions.md, Data flow in a DAG. When a worker claims
+docs/design.md, Data flow in a DAG. When a worker claims
 a step with a data edge, it reads the upstream outputs by ``(run_id, node)``: first from
 this client's :class:`OutputCache` (at most 10,000 entries and 64 MiB of JSON text; an
 output larger than the budget is never cached), then from the database in one query per
@@ -22,6 +22,7 @@ __all__ = [
     "OutputCache",
     "assemble",
     "bindings_of",
+    "names_of",
     "needed",
 ]
 
@@ -110,20 +111,29 @@ def bindings_of(
     return tuple(zip(nodes, modes, strict=True))
 
 
+def names_of(names: Sequence[str] | None) -> tuple[str, ...] | None:
+    """A step's input names in slot order, from the array ``steps_claim`` returns
+    (``binding_names``), or ``None`` for positional bindings."""
+    return tuple(names) if names else None
+
+
 def assemble(
     run_id: int,
     input_from: str | None,
     bindings: Sequence[tuple[str, str]] | None,
     outputs: Mapping[OutputKey, str | None],
+    names: Sequence[str] | None = None,
 ) -> Any:
     """The input of a step with a data edge, from the texts of its upstream outputs.
 
-    ``input_from``: that output. ``bindings`` in ``tuple`` mode: a list with one element
-    per source; in ``array`` mode: the sources' lists concatenated (``None`` adds
-    nothing).
+    ``input_from``: that output. ``bindings`` with ``names`` (one per binding, in slot
+    order): a dict, each source's output under its name. Otherwise, in ``tuple`` mode:
+    a list with one element per source; in ``array`` mode: the sources' lists
+    concatenated (``None`` adds nothing).
 
     Raises:
-        InputError: an upstream output is missing, or an ``array`` source is not a list.
+        InputError: an upstream output is missing, an ``array`` source is not a list,
+            or the names do not match the bindings one to one.
     """
 
     def load(node: str) -> Any:
@@ -136,6 +146,12 @@ def assemble(
     if input_from is not None:
         return load(input_from)
     pairs = bindings or ()
+    if names:
+        if len(names) != len(pairs):
+            raise InputError(
+                f"{len(names)} input names for {len(pairs)} input bindings: {list(names)}"
+            )
+        return {name: load(node) for name, (node, _) in zip(names, pairs, strict=True)}
     if pairs and all(mode == "array" for _, mode in pairs):
         merged: list[Any] = []
         for node, _ in pairs:

@@ -101,7 +101,9 @@ def join_sync(conn: Any) -> Join:
         join = unwrap(conn)
         if join is not None:
             return join
-    raise _refused(conn, "psycopg.Connection (or a SQLAlchemy Session or Connection)")
+    raise _refused(
+        conn, "psycopg.Connection (or a SQLAlchemy Session or Connection, a Django connection)"
+    )
 
 
 async def join_async(conn: Any) -> Join:

@@ -2,7 +2,7 @@
 
 Every check raises :class:`cyclone.ValidationError` naming the bad value, before any
 statement runs. Durations accept ``timedelta`` or seconds as a
-number (decisions.md, Jobs); datetimes must be timezone-aware.
+number (docs/design.md, Jobs); datetimes must be timezone-aware.
 """
 
 from __future__ import annotations

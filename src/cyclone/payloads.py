@@ -16,7 +16,15 @@ from typing import Any
 
 from cyclone.errors import ValidationError
 
-__all__ = ["MAX_JSON_BYTES", "Codec", "clean_text", "codec_for", "encode_json", "find_nul"]
+__all__ = [
+    "MAX_JSON_BYTES",
+    "Codec",
+    "check_decodes",
+    "clean_text",
+    "codec_for",
+    "encode_json",
+    "find_nul",
+]
 
 _encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
@@ -105,11 +113,14 @@ class Codec:
     """How one handler's input is decoded and its output encoded.
 
     ``decode`` turns the stored JSON value into what the handler's parameter expects;
-    ``encode`` turns the handler's return value into a JSON value.
+    ``encode`` turns the handler's return value into a JSON value. ``model`` is the
+    dataclass or pydantic model ``decode`` builds, or ``None`` when it passes the JSON
+    value through (then there is no shape to check before writing).
     """
 
     decode: Callable[[Any], Any]
     encode: Callable[[Any], Any]
+    model: type | None = None
 
 
 def _identity(value: Any) -> Any:
@@ -143,8 +154,29 @@ def codec_for(annotation: Any) -> Codec:
             def decode_dataclass(value: Any) -> Any:
                 return value if isinstance(value, cls) else cls(**value)
 
-            return Codec(decode=decode_dataclass, encode=_encode_any)
+            return Codec(decode=decode_dataclass, encode=_encode_any, model=cls)
         validate = getattr(annotation, "model_validate", None)
         if callable(validate):
-            return Codec(decode=validate, encode=_encode_any)
+            return Codec(decode=validate, encode=_encode_any, model=annotation)
     return PLAIN
+
+
+def check_decodes(codec: Codec, text: str, what: str) -> None:
+    """Decode ``text`` (JSON text from :func:`encode_json`) as a worker will for a
+    handler with ``codec``: parsed, then given to the dataclass or pydantic model, so
+    that a value of the wrong shape is refused before anything is written. Nothing is
+    checked for a codec without a model.
+
+    Raises:
+        ValidationError: the value does not fit the model, naming ``what``, the model
+            and the problem (a missing or unexpected field, a wrong type, ...).
+    """
+    model = codec.model
+    if model is None:
+        return
+    try:
+        codec.decode(json.loads(text))
+    except Exception as exc:  # whatever the model's constructor or validator raises
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+        name = getattr(model, "__qualname__", repr(model))
+        raise ValidationError(f"{what} does not fit {name}: {problem}") from exc

@@ -26,7 +26,7 @@ from cyclone.options import (
     micros,
     seconds,
 )
-from cyclone.payloads import encode_json
+from cyclone.payloads import check_decodes, encode_json
 from cyclone.records import Enqueued
 from cyclone.sql import Q
 from cyclone.sql.rows import EnqueuedRow, KeyedEnqueuedRow, SubmitKeyRow, WokenEnqueuedRow
@@ -159,9 +159,13 @@ class EnqueueRequest:
 
         ``target`` is a :class:`Handler` or a kind name; a name the registry knows takes
         that kind's defaults. With ``many=True``, ``input`` is a sequence of inputs.
+        When the kind's handler is known and its input is annotated with a dataclass or
+        a pydantic model, each input is decoded as the worker will decode it
+        (:func:`cyclone.payloads.check_decodes`): a wrong shape is refused here.
 
         Raises:
-            ValidationError: naming the first bad value.
+            ValidationError: naming the first bad value (an input that does not fit
+                the handler's model: naming the kind, the model and the problem).
         """
         handler: Handler | None
         if isinstance(target, Handler):
@@ -185,8 +189,13 @@ class EnqueueRequest:
             encoded: Any = [
                 encode_json(encode(item), f"{what} at index {i}") for i, item in enumerate(input)
             ]
+            if handler is not None and handler.codec.model is not None:
+                for i, text in enumerate(encoded):
+                    check_decodes(handler.codec, text, f"{what} at index {i}")
         else:
             encoded = encode_json(encode(input), what)
+            if handler is not None:
+                check_decodes(handler.codec, encoded, what)
         at: datetime | None = None
         delay: float = 0.0
         if isinstance(scheduled_at, datetime):

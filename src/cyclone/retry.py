@@ -21,7 +21,7 @@ __all__ = ["DEFAULT_RETRY", "WRITE_RETRIES", "RetryPolicy", "error_backoff"]
 
 @dataclass(frozen=True, slots=True, init=False)
 class RetryPolicy:
-    """Backoff between failed attempts (decisions.md, Jobs: per-kind retry policy).
+    """Backoff between failed attempts (docs/design.md, Jobs: per-kind retry policy).
 
     The delay after the ``n``-th failed attempt is ``min(cap, base * factor ** (n - 1))``
     seconds, shortened by up to ``jitter`` of itself at random so that steps failing

@@ -1,6 +1,6 @@
 """Cron schedules: parsing, time zones, the pure next-slot function, fire plans.
 
-docs/decisions.md, Schedules and retention. No I/O: the client validates a schedule with
+docs/design.md, Schedules and retention. No I/O: the client validates a schedule with
 :class:`ScheduleSpec` before it writes anything and runs the plans here (generators
 that yield statements) on its connections; the schedule scanner asks :func:`fire_plan`
 which slot to fire and where ``next_run_at`` goes next.
@@ -12,11 +12,12 @@ leading seconds field), with the common macros ``@yearly``, ``@annually``, ``@mo
 resolved by :mod:`zoneinfo`; ``"Local"`` is the creating machine's zone (from
 ``tzlocal``), stored by name so every scanner computes the same slots.
 
-Daylight saving (decisions.md): a schedule whose hour field is a wildcard or a step runs
-in every real hour (both 01:00s of a fall-back night, none in the hour a spring-forward
-night skips); a fixed wall-clock time that does not exist runs once at the next valid
-instant (02:30 on a spring-forward day runs at 03:00), and one that occurs twice runs
-once, at its first occurrence. This is cronsim's evaluation; the tests pin it.
+Daylight saving (docs/design.md, Schedules and retention): a schedule whose hour field
+is a wildcard or a step runs in every real hour (both 01:00s of a fall-back night, none
+in the hour a spring-forward night skips); a fixed wall-clock time that does not exist
+runs once at the next valid instant (02:30 on a spring-forward day runs at 03:00), and
+one that occurs twice runs once, at its first occurrence. This is cronsim's evaluation;
+the tests pin it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Signals and their waits: delivery into the mailbox, and the waits they complete.
 
-docs/decisions.md, Waits. A signal
+docs/design.md, Signals. A signal
 ``name`` goes to the one wait node of its run that declares it (``wait_signal``,
 ``wait_n``, ``wait_any``). It is stored only up to that wait's useful capacity (1, or N
 for ``wait_n``) and only while the wait has not completed; otherwise ``signal`` returns

@@ -19,7 +19,7 @@ from cyclone.dbio import Plan, Stmt
 from cyclone.errors import StateError, ValidationError, WorkflowError
 from cyclone.handlers import Handler
 from cyclone.options import Duration, JobOptions, check_text, micros, seconds
-from cyclone.payloads import PLAIN, encode_json
+from cyclone.payloads import PLAIN, Codec, check_decodes, encode_json
 from cyclone.records import Submitted
 from cyclone.sql import Q
 from cyclone.sql.rows import IdRow, RunVersionRow
@@ -81,6 +81,10 @@ class CompiledWorkflow:
     node keeps its run forever); the purge finds expired runs by it."""
     children: Mapping[str, CompiledWorkflow] = field(default_factory=dict)
     """Child node id -> the compiled workflow it starts."""
+    input_checks: tuple[tuple[str, Codec], ...] = ()
+    """The nodes that take the run input whose handler decodes it into a dataclass or a
+    pydantic model (those of a child node taking it included), each as (what it is,
+    for the error, the handler's codec): a submit checks the run input against each."""
 
 
 def compile_workflow(
@@ -137,6 +141,7 @@ def compile_workflow(
         deps.extend({"node": node_id, "dep_node": d, "dep_type": t} for d, t in edges.items())
         inputs.extend(
             {"node": node_id, "slot": slot, "dep_node": d, "assembly_mode": spec.assembly}
+            | ({"input_name": spec.input_names[slot]} if spec.input_names else {})
             for slot, d in enumerate(spec.inputs)
         )
     nodes_text = json.dumps(nodes, separators=(",", ":"))
@@ -153,6 +158,7 @@ def compile_workflow(
     }
     kept = [node["retention_us"] for node in nodes]
     return CompiledWorkflow(
+        input_checks=_input_checks(wf, registry, children),
         children=children,
         retention_us=None if None in kept else max(kept, default=None),
         has_fan_out=any(spec.fan_out_parallel is not None for spec in wf.nodes.values()),
@@ -165,6 +171,28 @@ def compile_workflow(
         queues=frozenset(roots),
         all_queues=frozenset(node["queue"] for node in nodes),
     )
+
+
+def _input_checks(
+    wf: Workflow, registry: Mapping[str, Handler], children: Mapping[str, CompiledWorkflow]
+) -> tuple[tuple[str, Codec], ...]:
+    """The run-input checks of ``wf`` (:attr:`CompiledWorkflow.input_checks`): its
+    nodes that take the run input with a handler that decodes it into a model, and
+    those of the child workflow a child node taking the run input starts."""
+    checks: list[tuple[str, Codec]] = []
+    for spec in wf.nodes.values():
+        if not spec.takes_run_input:
+            continue
+        if spec.id in children:
+            checks.extend(
+                (f"{what} of child workflow {children[spec.id].name!r} (node {spec.id!r})", c)
+                for what, c in children[spec.id].input_checks
+            )
+            continue
+        handler = spec.handler or registry.get(spec.kind)
+        if handler is not None and handler.codec.model is not None:
+            checks.append((f"node {spec.id!r} (kind {spec.kind!r})", handler.codec))
+    return tuple(checks)
 
 
 _WAIT_KINDS = frozenset({"@sleep", "@signal", "@child"})
@@ -207,10 +235,23 @@ class SubmitRequest:
     ) -> SubmitRequest:
         """Validate the run input and options.
 
+        The run input is decoded as a worker will for each node that takes it whose
+        handler's input is annotated with a dataclass or a pydantic model
+        (:attr:`CompiledWorkflow.input_checks`; the child workflow's nodes for a child
+        node that takes it), so that a wrong shape is refused before anything is
+        written; not for a child run (``parent`` given), whose input the engine
+        assembled from upstream outputs: a wrong shape fails its steps.
+
         Raises:
-            ValidationError: a non-JSON input, a bad ``submit_key`` or ``deadline``.
+            ValidationError: a non-JSON input, an input that does not fit a node's
+                model (naming the workflow, the node, its kind, the model and the
+                problem), a bad ``submit_key`` or ``deadline``.
         """
-        encoded = encode_json(PLAIN.encode(input), f"input of workflow {compiled.name!r}")
+        what = f"input of workflow {compiled.name!r}"
+        encoded = encode_json(PLAIN.encode(input), what)
+        if parent is None:
+            for node, codec in compiled.input_checks:
+                check_decodes(codec, encoded, f"{what}, taken by {node},")
         if submit_key is not None:
             check_text(submit_key, "submit_key")
         limit = seconds(deadline, "deadline")

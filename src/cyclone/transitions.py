@@ -20,7 +20,7 @@ from cyclone.graph import (
     cancel_children_stmt,
     completion_params,
 )
-from cyclone.inputs import bindings_of
+from cyclone.inputs import bindings_of, names_of
 from cyclone.options import micros
 from cyclone.payloads import clean_text
 from cyclone.retry import RetryPolicy
@@ -59,7 +59,11 @@ class Claimed:
     never reused, even if a claim is lost in a server crash and its generation issued
     again. ``timeout`` is seconds or ``None``. ``input_from`` and ``bindings`` (pairs
     of upstream node and assembly mode, in slot order) are a workflow step's data
-    edges; ``input_error`` says why its input could not be assembled. ``has_children``
+    edges, ``names`` the bindings' input names when they are named (the input is then
+    a dict); ``input_error`` says why its input could not be assembled.
+    ``run_input_json`` is the run's input as JSON text when the step's input is not the
+    run input (a workflow step with a constant input, an item or a data edge), else
+    ``None``: ``input`` as claimed is the run input. ``has_children``
     is true when the run's definition (as this worker registers it) has child nodes:
     then a transaction that may end the run also cancels its active child runs.
     ``reclaims`` counts the step's reclaims so far, ``traceparent`` is its run's W3C
@@ -85,7 +89,9 @@ class Claimed:
     input: Any
     input_from: str | None = None
     bindings: tuple[tuple[str, str], ...] | None = None
+    names: tuple[str, ...] | None = None
     input_error: str | None = None
+    run_input_json: str | None = None
     # what the run's definition has (a transaction that may end it does more)
     has_fan_out: bool = False
     has_children: bool = False
@@ -163,6 +169,8 @@ def parse_claimed(
             input=row.input,
             input_from=row.input_from,
             bindings=bindings_of(row.binding_nodes, row.binding_modes),
+            names=names_of(row.binding_names),
+            run_input_json=row.run_input,
             has_fan_out=row.has_fan_out,
             has_children=row.def_version in parents,
             reclaims=row.reclaims,
@@ -343,7 +351,7 @@ def mismatch_stmt(steps: Sequence[Claimed], known: dict[str, list[str]]) -> Stmt
     """Give back steps whose run's def_version this worker does not have.
 
     ``known`` maps workflow names to the def_versions this worker registers; the error
-    written names both sides (decisions.md, def_version).
+    written names both sides (docs/design.md, Who claims what).
     """
     errors = [
         f"def_version mismatch: run has {s.def_version} of workflow {s.workflow!r}, "

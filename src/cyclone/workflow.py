@@ -5,13 +5,15 @@ data: nodes (each a kind with options), control edges (``after=``), data edges
 (``input_from=``, ``inputs=``) and a result node. Pure code, no I/O: submit turns a
 validated workflow into the rows of one transaction (:mod:`cyclone.submit`).
 
-Data flow (decisions.md, Data flow in a DAG). A node's input is, in this order:
+Data flow (docs/design.md, Data flow in a DAG). A node's input is, in this order:
 
 * ``input_from=x``: the output of ``x``;
 * ``inputs=[x, y, ...]``: the outputs of the sources in slot order, assembled by
   ``assembly``: ``"tuple"`` (default) gives a list with one element per source,
   ``"array"`` concatenates the sources' outputs, each of which must be a list
   (``None`` counts as an empty list);
+* ``inputs={"a": x, "b": y}``: named fan-in: a dict, each source's output under its
+  name (slots in the mapping's order);
 * ``input=value``: a constant given at definition;
 * otherwise the run input.
 
@@ -33,6 +35,7 @@ from cyclone.dag import (
     NodeRef,
     NodeSpec,
     check_id,
+    fan_in,
     fingerprint,
     flow_keys,
     signals_of,
@@ -130,7 +133,7 @@ class Workflow(WaitNodes):
         *,
         after: Iterable[NodeRef] = (),
         input_from: NodeRef | None = None,
-        inputs: Sequence[NodeRef] | None = None,
+        inputs: Sequence[NodeRef] | Mapping[str, NodeRef] | None = None,
         assembly: Assembly = "tuple",
         input: Any = None,
         queue: str | None = None,
@@ -150,9 +153,12 @@ class Workflow(WaitNodes):
             kind: the handler, or the name of a kind the submitting client registers.
             after: control edges: nodes that must complete first.
             input_from: single-source data edge: the node's input is that output.
-            inputs: ordered multi-source fan-in; see ``assembly``.
+            inputs: multi-source fan-in: a list of nodes (ordered slots; see
+                ``assembly``), or a dict of input names to nodes, ``{"lines": v,
+                "approval": w}``: the input is then a dict, each source's output under
+                its name.
             assembly: ``"tuple"`` (one list element per source) or ``"array"`` (the
-                sources' lists concatenated).
+                sources' lists concatenated); a list ``inputs`` only.
             input: a constant input (JSON value) when no data edge is given; ``None``
                 means the run input.
             queue, priority, max_attempts, timeout, retention: override the kind's
@@ -166,8 +172,9 @@ class Workflow(WaitNodes):
             A :class:`Node` reference for edges and :meth:`result`.
 
         Raises:
-            WorkflowError: a duplicate id, a self-edge, a bad option, or both
-                ``input_from`` and ``inputs``. Nothing is declared then.
+            WorkflowError: a duplicate id, a self-edge, a bad option, both
+                ``input_from`` and ``inputs``, or a bad input name (not a non-empty
+                string, given twice), naming it. Nothing is declared then.
         """
         node_id, where = self._new_id(id)
         if isinstance(kind, Handler):
@@ -228,16 +235,10 @@ class Workflow(WaitNodes):
         after, input_from, inputs, assembly, input = edges
         after_ids = self._after(after, where)
         source = None if input_from is None else self._ref(input_from, f"input_from of {where}")
-        if inputs is not None and (
-            isinstance(inputs, str | Node) or not isinstance(inputs, Sequence) or not inputs
-        ):
-            raise WorkflowError(
-                f"{where}: inputs must be a non-empty list of nodes, got {inputs!r}"
-            )
-        sources = tuple(self._ref(ref, f"inputs of {where}") for ref in inputs or ())
+        sources, names = fan_in(inputs, where, self._ref)
         if source is not None and sources:
             raise WorkflowError(f"{where}: give input_from or inputs, not both")
-        if assembly != "tuple" and not sources:
+        if assembly != "tuple" and (not sources or names):
             raise WorkflowError(f"{where}: assembly applies to inputs=[...] only")
         if assembly not in _ASSEMBLIES:
             raise WorkflowError(f"{where}: assembly must be 'tuple' or 'array', got {assembly!r}")
@@ -263,6 +264,7 @@ class Workflow(WaitNodes):
             after=after_ids,
             input_from=source,
             inputs=sources,
+            input_names=names,
             assembly=assembly,
             input=constant,
             overrides=overrides,
@@ -351,7 +353,7 @@ class Workflow(WaitNodes):
         needs_result: bool = True,
         after: Iterable[NodeRef] = (),
         input_from: NodeRef | None = None,
-        inputs: Sequence[NodeRef] | None = None,
+        inputs: Sequence[NodeRef] | Mapping[str, NodeRef] | None = None,
         assembly: Assembly = "tuple",
         input: Any = None,
         on_dep_failure: DepPolicy = "fail_run",

@@ -56,7 +56,8 @@ def test_worker_refuses_bad_app_paths() -> None:
     """A malformed path, a missing module, a non-client or a client with no handlers:
     one clear line and a non-zero exit, no traceback."""
     for app, message in [
-        ("no_colon", "expected module:attribute"),
+        ("no_colon", "cannot import 'no_colon'"),  # a bare module means no_colon:client
+        ("tests.apps.empty:", "expected module:attribute"),
         ("tests.apps.missing:client", "cannot import 'tests.apps.missing'"),
         ("tests.apps.empty:not_a_client", "is not a cyclone.Client"),
         ("tests.apps.empty:client", "registers no handlers"),

@@ -1,5 +1,5 @@
 """Query plans of flow control: the limited claim, its admission and the fairness claim
-stay on their indexes over a large backlog (style.md, rule 11).
+stay on their indexes over a large backlog (CONTRIBUTING.md, Conventions).
 
 The database of tests/db/test_plans.py (20,000 steps, most of them available), with
 its kind limited, a few hundred steps running under concurrency keys, and a backlog

@@ -1,6 +1,6 @@
 """steps_heartbeat: many leases renewed in one statement, each row with its own guard.
 
-engine-design, Leases and Heartbeats: a renewal is guarded by state, owner, generation
+docs/design.md, Claims, leases and heartbeats: a renewal is guarded by state, owner, generation
 and the step's timeout; one statement carries every lease a worker has due, and a row
 locked by another transaction is reported busy instead of waited for.
 """

@@ -1,13 +1,12 @@
 """The migration against a real PostgreSQL: the schema it creates, and how it is applied.
 
-The expected schema below is written from the specification, not from the SQL file:
-schema-reference.txt (tables, columns, types, keys, indexes), postgres-architecture.txt
-(the NOT NULL columns, defaults and storage parameters of its CREATE TABLE excerpts)
-and decisions.md, "Schema details the reference leaves open" (the version table and
-the view columns). Migrations after the first only add objects: each addition is in
-:data:`ADDITIONS`, and listed in docs/migrations.md. The database must hold the
-reference objects exactly as the reference describes them, plus the additions, and
-nothing else. A failure lists every difference at once.
+The expected schema below is written from the documentation, not from the SQL file:
+docs/schema.md, which describes the base schema of migration 1 (here called the
+reference schema: tables, columns, types, NOT NULLs, defaults, keys, indexes, storage
+parameters, the version table and the view columns). Migrations after the first only
+add objects: each addition is in :data:`ADDITIONS`, and listed in docs/migrations.md.
+The database must hold the reference objects exactly as docs/schema.md describes them,
+plus the additions, and nothing else. A failure lists every difference at once.
 
 Then the runner itself: ten processes migrating one empty database at the same time,
 a second migration being a no-op, installation into a named schema, and the
@@ -36,16 +35,16 @@ from tests import guard
 ROOT = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------------------
-# The reference schema, from the specification documents
+# The reference schema, from docs/schema.md
 # ---------------------------------------------------------------------------------------
 
 BIGINT, INTEGER, TEXT, TEXTS = "bigint", "integer", "text", "text[]"
 JSONB, BOOLEAN, INTERVAL = "jsonb", "boolean", "interval"
 TIMESTAMPTZ = "timestamp with time zone"
 
-NOT_NULL = True  # primary key, or NOT NULL in postgres-architecture.txt
-NULLABLE = False  # "nullable" in schema-reference.txt
-UNSTATED = None  # the documents do not say; not checked
+NOT_NULL = True  # primary key, or not null in docs/schema.md
+NULLABLE = False  # "null" in docs/schema.md
+UNSTATED = None  # the docs do not say; not checked
 
 NOW = "now()"
 
@@ -182,7 +181,7 @@ TABLES: dict[str, dict[str, Col]] = {
     },
 }
 
-# "bigint identity"; postgres-architecture.txt writes GENERATED ALWAYS for runs and steps.
+# "bigint identity"; docs/schema.md says "generated always" for runs and steps.
 IDENTITY: dict[tuple[str, str], set[str]] = {
     ("cyclone_runs", "id"): {"a"},
     ("cyclone_steps", "id"): {"a"},
@@ -293,11 +292,11 @@ INDEXES: dict[str, Index] = {
 
 
 def listed(text: str) -> list[str]:
-    """The names of a comma-separated list, as decisions.md writes them."""
+    """The names of a comma-separated list, as docs/schema.md writes them."""
     return [name.strip() for name in text.split(",")]
 
 
-# decisions.md, "Schema details the reference leaves open": the columns, in order.
+# docs/schema.md, Views: the columns, in order.
 VIEWS: dict[str, list[str]] = {
     "cyclone_v_runs": listed(
         "id, workflow, state, def_version, created_at, updated_at, finished_at, deadline_at,"
@@ -461,6 +460,7 @@ ADDITIONS: dict[int, Addition] = {
         },
         functions={"cyclone_item_key_v1": ("jsonb, text", "text")},
     ),
+    10: Addition(columns={("cyclone_step_inputs", "input_name"): Col(TEXT, NULLABLE)}),
 }
 
 VERSIONS = [1, *ADDITIONS]
@@ -870,7 +870,7 @@ def test_indexes_match_the_reference(db: Conn) -> None:
 
 
 def test_views_have_the_documented_columns_in_order(db: Conn) -> None:
-    """The four monitoring views with the columns of decisions.md, in that order, and
+    """The four monitoring views with the columns of docs/schema.md, in that order, and
     the views of later migrations with theirs."""
     assert view_problems(db, "public") == []
 

@@ -1,4 +1,4 @@
-"""Query plans: the hot statements stay on their indexes (style.md, rule 11).
+"""Query plans: the hot statements stay on their indexes (CONTRIBUTING.md, Conventions).
 
 20,000 steps, most of them a backlog of available work (the case where a planner is
 most tempted to scan and sort), analysed; EXPLAIN of each statement must name the index

@@ -18,9 +18,9 @@ a heartbeat, completion, failure or release of it matches no row, so stale belie
 survive sweeps and cancels and are used for late completions and failures, by their
 owner or by the other one.
 
-After every rule the whole database is read and checked against the spec
-(engine-design, CAS State Transitions, Leases and Heartbeats, Failure Propagation;
-decisions.md, Jobs; ``cyclone.states``): every state is a known value; every observed
+After every rule the whole database is read and checked against the design rules
+(docs/design.md: Guarantees, Claims, leases and heartbeats, Failure propagation,
+Jobs; ``cyclone.states``): every state is a known value; every observed
 change of a step or run state is listed in ``STEP_TRANSITIONS`` / ``RUN_TRANSITIONS``;
 lease columns are set exactly while a step runs; ``lease_generation``, ``attempt``,
 ``reclaims`` and ``snoozes`` never decrease, a reclaim or a snooze never counts an
@@ -35,7 +35,8 @@ FIFO order per sequence key, and a claim with room to spare leaves nothing claim
 behind (every sequence key whose steps all wait, due, moves on).
 
 A sequence key's order puts a step started before (retried, waiting out its backoff,
-reclaimed or snoozed) first, then the others by ``(scheduled_at, id)`` (decisions.md, Jobs).
+reclaimed or snoozed) first, then the others by ``(scheduled_at, id)``
+(docs/decisions.md, ``sequence_key``).
 :func:`test_sequence_key_moves_on` pins the two ways a key used to stall for ever
 when that started step came after a waiting one by ``(scheduled_at, id)``.
 """
@@ -266,7 +267,7 @@ def _first_per_step(candidates: list[Any]) -> Iterator[SweepRow]:
 
 
 class StepMachine(RuleBasedStateMachine):
-    """Random interleavings of every step transition, checked against the spec."""
+    """Random interleavings of every step transition, checked against the design rules."""
 
     def __init__(self, conns: dict[str, psycopg.Connection[Any]]) -> None:
         super().__init__()
@@ -1047,7 +1048,7 @@ def conns(dsn: str) -> Iterator[dict[str, psycopg.Connection[Any]]]:
     [pytest.param(20, id="quick"), pytest.param(100, id="full", marks=pytest.mark.slow)],
 )
 def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]], examples: int) -> None:
-    """No interleaving of step transitions reaches a state the spec forbids (a quick
+    """No interleaving of step transitions reaches a state the rules forbid (a quick
     search in the fast tier, the full one in the full suite)."""
 
     class BoundStepMachine(StepMachine):
@@ -1062,7 +1063,7 @@ def test_step_state_machine(conns: dict[str, psycopg.Connection[Any]], examples:
 
 @pytest.mark.parametrize("trigger", ["retry", "reclaim", "snooze"])
 def test_sequence_key_moves_on(conns: dict[str, psycopg.Connection[Any]], trigger: str) -> None:
-    """decisions.md, Jobs: a step started before keeps the head of its key.
+    """docs/decisions.md, ``sequence_key``: a step started before keeps the head of its key.
 
     A of key ``k`` is claimed. B of ``k`` is enqueued while A runs and ends up before A
     by ``(scheduled_at, id)``: ``retry``: A fails and its backoff schedules it after B;

@@ -1,8 +1,8 @@
 """Bad input: a clear cyclone.errors exception naming the value, and nothing written.
 
-python-api.md, Errors: a rejected call writes nothing. Each case checks the exception
-type, that its message names the offending value, and that no run or step exists
-afterwards (and a caller's transaction is left usable).
+docs/design.md, Rules of the public API: a rejected call writes nothing. Each case
+checks the exception type, that its message names the offending value, and that no run
+or step exists afterwards (and a caller's transaction is left usable).
 """
 
 from __future__ import annotations
@@ -146,7 +146,10 @@ async def test_tx_calls_refuse_connections_outside_a_transaction(
             with pytest.raises(cyclone.ValidationError, match="failed transaction"):
                 await client.enqueue_tx(failed, "k", {})
         with pytest.raises(cyclone.ValidationError, match="got 'not a connection'"):
-            await client.enqueue_tx("not a connection", "k", {})  # type: ignore[arg-type]
+            await client.enqueue_tx("not a connection", "k", {})
+        for untrackable in ("not a connection", None, {}):
+            with pytest.raises(cyclone.ValidationError, match="cannot track wakeups of"):
+                client.track_wakeups(untrackable)
     with (
         cyclone.SyncClient(dsn) as sync_client,
         psycopg.connect(dsn, autocommit=True) as conn,

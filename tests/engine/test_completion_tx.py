@@ -1,5 +1,5 @@
 """The completion transaction: its boundaries belong to the worker, its failures are
-failed attempts, and its slots are never lost (engine-design, ctx.CompletionTx())."""
+failed attempts, and its slots are never lost (docs/design.md, The completion transaction)."""
 
 from __future__ import annotations
 

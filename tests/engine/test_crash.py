@@ -1,8 +1,8 @@
 """Crashes and races with real processes: SIGKILLed workers, claim races, stale completions.
 
-engine-design: Leases and Heartbeats (a crash is not an attempt), CAS State
-Transitions (two workers race on one step; a late completion after the sweep), and
-ctx.CompletionTx() (exactly-once effects).
+docs/design.md: Recovery sweep (a crash is not an attempt), Guarantees (two workers
+race on one step; a late completion after the sweep), and The completion transaction
+(exactly-once effects).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Leases, heartbeats, timeouts, the recovery sweep and graceful shutdown.
 
-engine-design, Leases and Heartbeats: a lease is renewed at most TTL/3 after the last
-renewal for the whole attempt, by one heartbeat statement per tick for every lease a
-worker has due; past ``started_at + timeout`` it is not renewed and the sweep takes the step
-even while its lease is fresh; a reclaim is not an attempt; ``max_reclaims`` bounds
-reclaims with ``reclaim_limit``. decisions.md: releasing at graceful shutdown is not a
-reclaim.
+docs/design.md, Claims, leases and heartbeats, and Recovery sweep: a lease is renewed at
+most TTL/3 after the last renewal for the whole attempt, by one heartbeat statement per
+tick for every lease a worker has due; past ``started_at + timeout`` it is not renewed
+and the sweep takes the step even while its lease is fresh; a reclaim is not an attempt;
+``max_reclaims`` bounds reclaims with ``reclaim_limit``; releasing at graceful shutdown
+is not a reclaim.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """sequence_key: FIFO per key, one active step of a key at a time.
 
-decisions.md, Jobs: FIFO by (scheduled_at, id) among a key's active steps; a step
+docs/design.md, Jobs: FIFO by (scheduled_at, id) among a key's active steps; a step
 waiting out its retry backoff still blocks its key; a finished step frees it.
 """
 
@@ -81,10 +81,10 @@ def test_recheck_leaves_at_most_one_running_step_per_key(
             [
                 ClaimRow(*row)
                 for row in db.execute(
-                    "SELECT s.id, s.run_id, s.node, s.kind, r.input, s.attempt, s.max_attempts, "
-                    "s.lease_generation, NULL::float8, s.sequence_key, r.workflow, r.def_version, "
-                    "NULL::text, false, NULL::text[], NULL::text[], 0, NULL::text, NULL::text, "
-                    "0.0::float8, false "
+                    "SELECT s.id, s.run_id, s.node, s.kind, r.input, NULL::text, s.attempt, "
+                    "s.max_attempts, s.lease_generation, NULL::float8, s.sequence_key, "
+                    "r.workflow, r.def_version, NULL::text, false, NULL::text[], NULL::text[], "
+                    "NULL::text[], 0, NULL::text, NULL::text, 0.0::float8, false "
                     "FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id WHERE s.id = %s",
                     (earlier.step_id,),
                 ).fetchall()

@@ -1,6 +1,6 @@
 """The listener hears cyclone_run_done only while a wait is pending.
 
-engine-design, LISTEN/NOTIFY and the Polling Floor: a client LISTENs on the run-done
+docs/concepts.md, Wakeups and polling: a client LISTENs on the run-done
 channel while one of its waits is pending and UNLISTENs a while (notify.RUN_DONE_LINGER)
 after the last one ended, so a worker nobody waits on decodes no run-done
 notifications; a wait reads its run again once the LISTEN is in place, so a run that

@@ -1,6 +1,6 @@
 """LISTEN/NOTIFY wakeups and the polling floor.
 
-engine-design, LISTEN/NOTIFY and the Polling Floor: NOTIFY after the creating
+docs/concepts.md, Wakeups and polling: NOTIFY after the creating
 transaction commits, payload naming the queue; one LISTEN connection per client; each
 worker wakes only for its queues; polling claims the work when LISTEN is broken or off;
 caller-owned transactions publish through track_wakeups / publish_wakeups.

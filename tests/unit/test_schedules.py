@@ -1,6 +1,6 @@
 """The pure next-slot function and fire plans: cron parsing, zones, daylight saving.
 
-decisions.md, Schedules and retention: an hour-wildcard schedule runs in every real
+docs/design.md, Schedules and retention: an hour-wildcard schedule runs in every real
 hour; a fixed time that does not exist runs once at the next valid instant, one that
 occurs twice runs once, at its first occurrence.
 """

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
-import psycopg
-
 from cyclone.dbio import Plan, Stmt
 from cyclone.errors import NotFoundError
 from cyclone.wakeups import NO_WAKEUPS, Wakeups
@@ -55,9 +53,11 @@ T = TypeVar("T")
 R = TypeVar("R")
 P = ParamSpec("P")
 
-Conn = psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-"""The caller's connection of a ``*_tx`` call: a ``psycopg.AsyncConnection`` for
-``Client``, a ``psycopg.Connection`` for ``SyncClient`` (checked when it is used)."""
+Conn = Any
+"""The caller's transaction of a ``*_tx`` call: a ``psycopg.AsyncConnection`` (or a
+SQLAlchemy ``AsyncSession``/``AsyncConnection``) for ``Client``; a
+``psycopg.Connection`` (or a SQLAlchemy ``Session``/``Connection``, a Django
+connection) for ``SyncClient``. Checked when it is used (:mod:`cyclone.joins`)."""
 
 
 @dataclass(frozen=True, slots=True)

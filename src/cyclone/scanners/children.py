@@ -83,7 +83,7 @@ async def _start(conn: Any, node: ChildStartRow, child: CompiledWorkflow, done: 
         found = await fetch_async(conn, Stmt(Q.steps_outputs, params))
         outputs = {(row.run_id, row.node): row.output for row in found}
         try:
-            value = assemble(node.run_id, node.input_from, bindings, outputs)
+            value = assemble(node.run_id, node.input_from, bindings, outputs, node.binding_names)
         except InputError as exc:
             await done.discard(conn, node, StepState.WAITING_CHILD, "child_failed", str(exc))
             return

@@ -1,6 +1,6 @@
 """Retention: delete terminal runs past their retention, in bounded batches.
 
-docs/decisions.md, Schedules and retention. Each step row stores its effective retention
+docs/design.md, Schedules and retention. Each step row stores its effective retention
 at insert (the step's option, else the kind's, else the client default), so every purger
 deletes the same runs: a run goes once every one of its steps has outlived its retention
 since the run finished (a step with no retention keeps its run forever). Deleting a run

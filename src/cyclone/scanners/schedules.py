@@ -1,6 +1,6 @@
 """The schedule scanner: fires the due slots of cron schedules, each exactly once.
 
-docs/decisions.md, Schedules and retention. Every started client runs one. A pass:
+docs/design.md, Schedules and retention. Every started client runs one. A pass:
 
 1. claims due schedules with ``FOR UPDATE SKIP LOCKED`` and takes a scanner lease on
    each (``schedules_claim``, idx_schedules_due), so scanners of any number of clients

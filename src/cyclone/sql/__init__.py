@@ -120,6 +120,7 @@ _FILES = (
     "monitor.sql",
     "dashboard.sql",
     "queues.sql",
+    "testing.sql",
 )
 
 
@@ -371,6 +372,10 @@ class Queries:
     # queues.sql
     queues_pause: Query[QueueRow]
     queues_resume: Query[QueueRow]
+    # testing.sql
+    testing_shift_steps: Query[CountRow]
+    testing_shift_runs: Query[CountRow]
+    testing_available_steps: Query[Step]
 
     def __init__(self) -> None:
         declared = set(self.__class__.__annotations__)

@@ -195,12 +195,24 @@ SELECT clock_timestamp() AS at
 
 -- fragment: claim_returning
 -- What a claim returns of each step it moved to running (see steps_claim), and
--- whether the queue holds steps with a fairness key (the same on every row).
-RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
+-- whether the queue holds steps with a fairness key (the same on every row). The
+-- input is the step's own (a constant, a fan-out item) or else its run's; none for a
+-- step with a data edge (the worker assembles it from upstream outputs). run_input is
+-- the run's input as JSON text, read by ctx.run_input, and only for a workflow step
+-- whose input is not the run input: a standalone job's run input is its input, and
+-- so is that of a workflow step that takes the run input.
+RETURNING s.id, s.run_id, s.node, s.kind,
+          CASE WHEN s.input_from IS NULL AND c.binding_nodes IS NULL
+               THEN coalesce(s.input, c.input) END AS input,
+          CASE WHEN c.def_version <> 'job'
+                    AND (s.input IS NOT NULL OR s.input_from IS NOT NULL
+                         OR c.binding_nodes IS NOT NULL)
+               THEN coalesce(c.input::text, 'null') END AS run_input,
           s.attempt, s.max_attempts, s.lease_generation,
           extract(epoch FROM s.timeout)::float8 AS timeout_s,
           s.sequence_key, c.workflow, c.def_version, s.input_from, c.has_fan_out,
-          c.binding_nodes, c.binding_modes, s.reclaims, c.traceparent, s.fairness_key,
+          c.binding_nodes, c.binding_modes, c.binding_names, s.reclaims, c.traceparent,
+          s.fairness_key,
           extract(epoch FROM s.started_at - CASE
               WHEN c.def_version = 'job' OR NOT (SELECT %(latency)s::boolean) THEN s.scheduled_at
               ELSE greatest(s.scheduled_at, (
@@ -215,10 +227,10 @@ RETURNING s.id, s.run_id, s.node, s.kind, coalesce(s.input, c.input) AS input,
 -- fragment: claim_marker
 -- The row a claim returns when the queue's mode (fair or not) is not the one it was
 -- run for: it claimed nothing, and the worker runs the other claim at once.
-SELECT NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::integer,
-       NULL::integer, NULL::bigint, NULL::float8, NULL::text, NULL::text, NULL::text,
-       NULL::text, NULL::boolean, NULL::text[], NULL::text[], NULL::integer, NULL::text,
-       NULL::text, NULL::float8, (SELECT fair FROM here)
+SELECT NULL::bigint, NULL::bigint, NULL::text, NULL::text, NULL::jsonb, NULL::text,
+       NULL::integer, NULL::integer, NULL::bigint, NULL::float8, NULL::text, NULL::text,
+       NULL::text, NULL::text, NULL::boolean, NULL::text[], NULL::text[], NULL::text[],
+       NULL::integer, NULL::text, NULL::text, NULL::float8, (SELECT fair FROM here)
 
 
 -- fragment: claim_here_unlimited
@@ -245,10 +257,11 @@ here AS (
 -- The steps of a claim's CTE claimable (id, run_id, node, state, max_concurrency) whose
 -- run is running (a paused run's step is never taken, whatever raced it back to
 -- available), with what the claim returns of the run: its input, workflow,
--- def_version, fan-out flag and trace context, and a workflow step's input bindings.
+-- def_version, fan-out flag and trace context, and a workflow step's input bindings
+-- (with their names when named).
 runnable AS (
     SELECT c.id, c.state, c.max_concurrency, r.input, r.workflow, r.def_version,
-           r.has_fan_out, r.traceparent, b.binding_nodes, b.binding_modes
+           r.has_fan_out, r.traceparent, b.binding_nodes, b.binding_modes, b.binding_names
     FROM claimable c
     CROSS JOIN LATERAL (
         SELECT r.state, r.input, r.workflow, r.def_version, r.has_fan_out, r.traceparent
@@ -298,8 +311,9 @@ runnable AS (
 -- steps with a fairness key it claims nothing and returns the marker row
 -- (claim_marker): the worker runs steps_claim_fair instead.
 -- A workflow step also returns its data edge (input_from) and its input bindings
--- (binding_nodes and binding_modes, aligned, in slot order), which the worker resolves
--- from upstream outputs; a standalone job (def_version 'job') skips that lookup. Each
+-- (binding_nodes and binding_modes, aligned, in slot order, and binding_names when
+-- they are named), which the worker resolves from upstream outputs; a standalone job
+-- (def_version 'job') skips that lookup. Each
 -- step also returns what its trace span and metrics need: its reclaims, its run's
 -- trace context and how long it waited since it was ready: since it was due
 -- (scheduled_at), and for a workflow step since its last upstream step completed if

@@ -212,7 +212,7 @@ SELECT NULL::bigint AS id, %(run_id)s::bigint AS run_id, false AS run_finished,
 -- cancelled closure holds it ("result node cancelled"). A sibling still in its handler learns of a cancel at its next
 -- heartbeat; its late completion matches no row.
 WITH RECURSIVE discarded AS (
-    -- A discarded item task stands for its fan-out node (decisions.md, Fan-out items).
+    -- A discarded item task stands for its fan-out node (docs/design.md, Fan-out items).
     SELECT s.run_id, coalesce(s.item_of, s.node) AS node, s.item_of, s.node AS step_node,
            s.error
     FROM cyclone_steps s

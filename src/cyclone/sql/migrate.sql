@@ -14,7 +14,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('cyclone.migrate:' || %(schema)s, 
 
 
 -- name: migrate_version_table
--- The version table (decisions.md, Schema details).
+-- The version table (docs/schema.md, cyclone_schema_version).
 CREATE TABLE IF NOT EXISTS cyclone_schema_version (
     version    integer PRIMARY KEY,
     applied_at timestamptz NOT NULL DEFAULT now()

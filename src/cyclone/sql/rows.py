@@ -184,11 +184,15 @@ class RunVersionRow(NamedTuple):
 class ClaimRow(NamedTuple):
     """A claimed step (``steps_claim``).
 
+    ``input`` is the step's input (``None`` for a step with a data edge: assembled by
+    the worker); ``run_input`` the run's input as JSON text for a workflow step whose
+    input is not the run input, else ``None`` (then the run input is ``input``).
     ``timeout_s`` is seconds or ``None``; ``binding_nodes`` and ``binding_modes`` are a
     workflow step's input bindings in slot order (upstream node, assembly mode), or
-    ``None``. ``fair``: whether the queue holds steps with a fairness key; a row whose
-    ``id`` is ``None`` claimed nothing and only says that the queue's mode is not the
-    one the statement was run for (``steps_claim`` or ``steps_claim_fair``).
+    ``None``; ``binding_names`` their input names when they are named. ``fair``:
+    whether the queue holds steps with a fairness key; a row whose ``id`` is ``None``
+    claimed nothing and only says that the queue's mode is not the one the statement
+    was run for (``steps_claim`` or ``steps_claim_fair``).
     """
 
     id: int
@@ -196,6 +200,7 @@ class ClaimRow(NamedTuple):
     node: str
     kind: str
     input: Any
+    run_input: str | None
     attempt: int
     max_attempts: int
     lease_generation: int
@@ -207,6 +212,7 @@ class ClaimRow(NamedTuple):
     has_fan_out: bool
     binding_nodes: list[str] | None
     binding_modes: list[str] | None
+    binding_names: list[str] | None
     reclaims: int
     traceparent: str | None
     fairness_key: str | None
@@ -299,7 +305,8 @@ class FanOutRow(NamedTuple):
 
 
 class ChildStartRow(NamedTuple):
-    """A child node whose child run is to be submitted, with its input's sources."""
+    """A child node whose child run is to be submitted, with its input's sources
+    (``binding_names``: the input names of named bindings, else ``None``)."""
 
     id: int
     run_id: int
@@ -307,6 +314,7 @@ class ChildStartRow(NamedTuple):
     def_version: str
     binding_nodes: list[str] | None
     binding_modes: list[str] | None
+    binding_names: list[str] | None
     input_from: str | None
     input: Any
     traceparent: str | None

@@ -17,7 +17,7 @@ FOR UPDATE;
 -- name: runs_submit
 -- Submit a workflow run: the run, every step (roots reached: cyclone_reached_state_v1,
 -- a wait root starting its wait now; the rest pending), every dependency edge and every
--- input binding, in one statement. %(nodes)s, %(deps)s and
+-- input binding (with its input name when named, else NULL), in one statement. %(nodes)s, %(deps)s and
 -- %(inputs)s are JSON arrays laid out once per workflow. With a submit_key the run
 -- insert yields on idx_runs_submit_key (waiting for a concurrent insert of the key to
 -- commit or roll back): then nothing is written and no row comes back. Foreign keys
@@ -72,11 +72,11 @@ WITH run AS (
     SELECT run.id, d.node, d.dep_node, d.dep_type
     FROM run, jsonb_to_recordset(%(deps)s::jsonb) AS d (node text, dep_node text, dep_type text)
 ), bindings AS (
-    INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode)
-    SELECT run.id, i.node, i.slot, i.dep_node, i.assembly_mode
+    INSERT INTO cyclone_step_inputs (run_id, node, slot, dep_node, assembly_mode, input_name)
+    SELECT run.id, i.node, i.slot, i.dep_node, i.assembly_mode, i.input_name
     FROM run,
          jsonb_to_recordset(%(inputs)s::jsonb)
-             AS i (node text, slot integer, dep_node text, assembly_mode text)
+             AS i (node text, slot integer, dep_node text, assembly_mode text, input_name text)
 )
 SELECT id FROM run;
 
@@ -237,8 +237,8 @@ FROM failed;
 
 
 -- name: runs_pause
--- decisions.md, Pause: a running run becomes paused (paused_at = now()); its pending and
--- available steps become paused, so nothing new of it is claimed; running steps finish
+-- docs/design.md, Pause: a running run becomes paused (paused_at = now()); its pending
+-- and available steps become paused, so nothing new of it is claimed; running steps finish
 -- (their advance parks dependents as paused); waiting steps keep waiting. Runs after
 -- runs_lock. No row back: the run is not running.
 WITH paused AS (
@@ -262,7 +262,7 @@ FROM paused;
 
 
 -- name: runs_resume
--- decisions.md, Pause: a paused run runs again; deadline_at and the deadlines of its
+-- docs/design.md, Pause: a paused run runs again; deadline_at and the deadlines of its
 -- waiting steps move forward by the pause length; its paused steps go back to pending,
 -- and graph_restore, next in the transaction, reaches again those whose parents all
 -- completed (a wait node's wait starts then). fan_outs: a fan-out node or item task was
@@ -304,8 +304,8 @@ FROM resumed;
 
 
 -- name: runs_retry
--- decisions.md, Operator retry: reset the discarded and cancelled steps of a run: all of
--- them, or, for %(node)s, those above and below it and every cancelled step (what the
+-- docs/design.md, Operator retry: reset the discarded and cancelled steps of a run: all
+-- of them, or, for %(node)s, those above and below it and every cancelled step (what the
 -- failure cancelled). Reset means pending, attempt and reclaims 0, error and output
 -- cleared; graph_restore, next in the transaction, reaches again the reset steps whose
 -- parents all completed (available, or its waiting state). The run returns to running,

@@ -58,9 +58,13 @@ WHERE e.sequence_key = s.sequence_key
 
 -- fragment: step_bindings
 -- A workflow step's input bindings in slot order, as two aligned arrays (upstream node,
--- assembly mode; NULL for none): the caller adds the WHERE that names the step.
+-- assembly mode; NULL for none), and a third aligned with them when the bindings are
+-- named (their input names, migration 10; NULL for positional bindings): the caller
+-- adds the WHERE that names the step.
 SELECT array_agg(i.dep_node ORDER BY i.slot) AS binding_nodes,
-       array_agg(i.assembly_mode ORDER BY i.slot) AS binding_modes
+       array_agg(i.assembly_mode ORDER BY i.slot) AS binding_modes,
+       array_agg(i.input_name ORDER BY i.slot) FILTER (WHERE i.input_name IS NOT NULL)
+           AS binding_names
 FROM cyclone_step_inputs i
 
 
@@ -189,7 +193,7 @@ WHERE s.state = 'completed';
 
 
 -- name: steps_release_mismatch
--- decisions.md, def_version: a worker whose definition of the run's workflow differs
+-- docs/design.md, Who claims what: a worker whose definition of the run's workflow differs
 -- gives the freshly claimed steps back after a short delay, for a worker that has the
 -- run's definition. No attempt and no reclaim is counted; error_kind tells the operator.
 UPDATE cyclone_steps s

@@ -178,7 +178,7 @@ WHERE i.run_id = %(run_id)s
 -- made of (as steps_claim returns it), and the parent run's trace context, which the
 -- child run carries.
 SELECT s.id, s.run_id, s.node, r.def_version, b.binding_nodes, b.binding_modes,
-       s.input_from, coalesce(s.input, r.input) AS input, r.traceparent
+       b.binding_names, s.input_from, coalesce(s.input, r.input) AS input, r.traceparent
 FROM cyclone_runs r
 JOIN cyclone_steps s ON s.run_id = r.id
 CROSS JOIN LATERAL (

@@ -1,0 +1,2 @@
+"""Django migrations of the ``cyclone`` app: Cyclone's schema, and the models over its
+views."""

@@ -1,0 +1,1 @@
+"""A small Django project that uses Cyclone: settings, urls and a worker client."""

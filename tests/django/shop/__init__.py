@@ -1,0 +1,1 @@
+"""A one-model app: receipts written by handlers through the ORM."""
