@@ -147,7 +147,8 @@ async def test_tx_calls_refuse_connections_outside_a_transaction(
                 await client.enqueue_tx(failed, "k", {})
         with pytest.raises(cyclone.ValidationError, match="got 'not a connection'"):
             await client.enqueue_tx("not a connection", "k", {})
-        for untrackable in ("not a connection", None, {}):
+        untrackables: list[Any] = ["not a connection", None, {}]
+        for untrackable in untrackables:
             with pytest.raises(cyclone.ValidationError, match="cannot track wakeups of"):
                 client.track_wakeups(untrackable)
     with (
