@@ -8,7 +8,7 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
 
 install:  ## install the project and its test tools into the active environment
-	$(PYTHON) -m pip install -e '.[dev,embedded,demo,dashboard,browser,otel,prometheus,sqlalchemy,django,fastapi]'
+	$(PYTHON) -m pip install -e '.[dev]'
 
 lint:  ## ruff lint and the format check (nothing is rewritten)
 	$(PYTHON) -m ruff check .

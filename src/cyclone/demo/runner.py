@@ -37,6 +37,7 @@ from rich.text import Text
 
 import cyclone
 from cyclone.demo import data, etl, report
+from cyclone.demo.embedded import embedded_dir
 from cyclone.demo.submission import (
     fresh_flag,
     months_left_to_workers,
@@ -59,7 +60,6 @@ _WORKER_COMMAND = (
     sys.executable,
     *("-m", "cyclone", "--log-level", "info", "worker", "cyclone.demo.app:client"),
 )
-_EMBEDDED_DIR = Path.home() / ".cache" / "cyclone" / "demo-postgres"
 _NODES = (
     "settings",
     "extract_flights",
@@ -159,12 +159,14 @@ def find_database(dsn: str | None, console: Console) -> tuple[str, DevServer | N
     """
     if dsn:
         return dsn, None
-    _EMBEDDED_DIR.parent.mkdir(parents=True, exist_ok=True)
-    server = find_server(env_var="CYCLONE_DSN", data_dir=str(_EMBEDDED_DIR))
+    folder = embedded_dir()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    server = find_server(env_var="CYCLONE_DSN", data_dir=str(folder))
     if server.embedded:
         console.print(
             f"[bold]No PostgreSQL reachable:[/] started an embedded server, data folder "
-            f"{server.data_dir} (stopped at the end, kept for the next demo)"
+            f"{server.data_dir} (stopped at the end, kept for the next demo; "
+            "`cyclone demo --clean` removes it)"
         )
     with psycopg.connect(server.dsn, autocommit=True) as conn:
         exists = conn.execute(etl.SQL.demo_database_exists, {"name": DEMO_DATABASE}).fetchone()
