@@ -208,11 +208,13 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
             raise Discard(step.input_error)
         if timeout_cm is None:
             value = await handler.fn(ctx, handler.codec.decode(step.input))
-            await ctx._tx.finish_async()  # its completion session's writes: still its own
+            if not held.gone:
+                await ctx._tx.finish_async()  # its completion session's writes: still its own
         else:
             async with timeout_cm:
                 value = await handler.fn(ctx, handler.codec.decode(step.input))
-                await ctx._tx.finish_async()
+                if not held.gone:
+                    await ctx._tx.finish_async()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if not held.gone or task is None:

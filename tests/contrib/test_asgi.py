@@ -49,6 +49,9 @@ async def test_the_dashboard_is_mounted_for_the_applications_lifetime(dsn: str) 
             api = await http.get(f"/ops/cyclone/api/runs/{job.run_id}")
             assert api.status_code == 200
             assert str(job.run_id) in api.text
+    assert app.router.routes == []  # unmounted at shutdown
+    async with lifespan(client, dashboard="/ops/cyclone")(app):  # a restart mounts it once
+        assert len(app.router.routes) == 1
 
 
 @pytest.mark.parametrize("bad", ["cyclone", "/", "", "//"])

@@ -43,13 +43,16 @@ def sa_url(dsn: str, driver: str = "psycopg") -> URL:
     """The SQLAlchemy URL of libpq ``dsn`` for ``postgresql+<driver>``."""
     params = conninfo_to_dict(dsn)
     port = params.get("port")
+    host = str(params["host"]) if params.get("host") else None
+    socket_dir = host is not None and host.startswith("/")  # an embedded server's socket
     return URL.create(
         f"postgresql+{driver}",
         username=str(params["user"]) if params.get("user") else None,
         password=str(params["password"]) if params.get("password") else None,
-        host=str(params["host"]) if params.get("host") else None,
-        port=int(port) if port else None,
+        host=None if socket_dir else host,
+        port=int(port) if port and not socket_dir else None,
         database=str(params["dbname"]),
+        query={"host": host, "port": str(port)} if socket_dir and port else {},
     )
 
 

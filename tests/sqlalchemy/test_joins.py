@@ -144,6 +144,42 @@ def test_session_commit_publishes_the_wakeups_rollback_none(
         assert heard() == []
 
 
+def test_a_savepoint_does_not_publish_before_the_commit(
+    dsn: str, engine: Engine, heard: Callable[[], list[str]]
+) -> None:
+    """Releasing a savepoint (SQLAlchemy calls after_commit for it) commits nothing:
+    the wakeup waits for the real commit, and a rollback after it sends none."""
+    with cyclone.SyncClient(dsn) as client, Session(engine) as session:
+        client.enqueue_tx(session, double, 1, queue="sa_a")
+        with session.begin_nested():
+            session.add(Order(item="in a savepoint"))
+        assert heard() == []
+        session.rollback()
+        assert heard() == []
+        client.enqueue_tx(session, double, 2, queue="sa_b")
+        with session.begin_nested():
+            session.add(Order(item="in a savepoint"))
+        assert heard() == []
+        session.commit()
+        assert heard() == ["sa_b"]
+
+
+async def test_a_client_not_yet_opened_publishes_after_the_commit(
+    dsn: str, async_engine: AsyncEngine, heard: Callable[[], list[str]]
+) -> None:
+    """A *_tx call is the first use of a Client: the wakeup still goes out at commit."""
+    client = cyclone.Client(dsn)
+    try:
+        async with AsyncSession(async_engine) as session:
+            await client.enqueue_tx(session, double, 1, queue="sa_first")
+            await session.commit()
+        assert client._publisher is not None
+        await client._publisher.flush()
+        assert heard() == ["sa_first"]
+    finally:
+        await client.stop()
+
+
 async def test_async_session_commit_publishes_the_wakeups(
     dsn: str, async_engine: AsyncEngine, heard: Callable[[], list[str]]
 ) -> None:

@@ -133,6 +133,27 @@ async def test_a_failed_step_waits_for_its_backoff_until_time_moves(
     assert (run.state, run.result) == (RunState.COMPLETED, "ok")
 
 
+@cyclone.action("t_limited", queue="t_limited", rate_limit="1/m")
+async def limited(ctx: cyclone.Context, inp: int) -> None:
+    calls.append(f"limited {inp}")
+
+
+async def test_a_rate_limited_kind_gets_room_when_time_moves(dsn: str) -> None:
+    client = cyclone.Client(dsn, handlers=[limited])
+    try:
+        await client.enqueue_many(limited, [1, 2])
+        assert await drain(client) == 1  # one start a minute
+        assert await drain(client) == 0
+        shifted = await advance_time(client, 30)
+        assert shifted.buckets == 1
+        assert await drain(client) == 0  # half a minute: still no room
+        await advance_time(client, 31)
+        assert await drain(client) == 1
+        assert calls == ["limited 1", "limited 2"]
+    finally:
+        await client.stop()
+
+
 async def test_a_timer_completes_once_time_moves_past_it(
     client: cyclone.Client, db: psycopg.Connection[Any]
 ) -> None:

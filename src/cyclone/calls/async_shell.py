@@ -116,6 +116,7 @@ class AsyncShell(AsyncShellBase):
                 self.config.check_tx_conn(join.conn, psycopg.AsyncConnection)
                 return await run_plan_async(join.conn, effect.plan)
             case Track():
+                await self._open()  # the announcer that sends them after the commit
                 join = joins[id(effect.conn)]
                 tracked = self.config.track(effect.conn, effect.queues)
                 if not tracked and join.after_commit is not None:

@@ -90,12 +90,22 @@ def lifespan(
                 )
                 closers.append(ui.state.backend.aclose)
                 app.mount(dashboard.rstrip("/"), ui)
+                mounted = app.router.routes[-1]
+                # unmounted at shutdown, so that a restart in the same process (tests,
+                # reloads) mounts one dashboard again, not a second one beside it
+                closers.append(lambda: _unmount(app, mounted))
             yield
         finally:
             try:
-                for close in closers:
+                for close in reversed(closers):
                     await close()
             finally:
                 await client.stop()
 
     return run
+
+
+async def _unmount(app: Any, route: Any) -> None:
+    """Take ``route`` (the dashboard's mount) out of ``app``'s routes."""
+    with contextlib.suppress(ValueError):
+        app.router.routes.remove(route)

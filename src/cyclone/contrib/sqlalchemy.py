@@ -75,6 +75,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy.exc
+from psycopg import pq
 from sqlalchemy import event
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg, PGDialectAsync_psycopg
@@ -130,10 +131,13 @@ def _refusing(holder: Any) -> Iterator[None]:
 
 _PENDING = "cyclone.after_commit"
 """Key in ``Session.info``: callbacks to run after the session's next commit."""
+_PENDING_CONN = "cyclone.after_commit.conn"
+"""Key in ``Session.info``: the psycopg connection whose commit they wait for."""
 
 
-def _after_commit_of(session: Session) -> AfterCommit:
-    """How to run a callback after ``session`` commits (dropped if it rolls back)."""
+def _after_commit_of(session: Session, driver: Any) -> AfterCommit:
+    """How to run a callback after ``session`` commits its transaction on the psycopg
+    connection ``driver`` (dropped if it rolls back)."""
     completion = session.info.get(_COMPLETION)
     if isinstance(completion, _Completion):  # its commit is the worker's
         return completion.tx.after_commit.append
@@ -141,10 +145,18 @@ def _after_commit_of(session: Session) -> AfterCommit:
         event.listen(session, "after_commit", _run_pending)
         event.listen(session, "after_transaction_end", _drop_pending)
     pending: list[Callable[[], None]] = session.info.setdefault(_PENDING, [])
+    session.info[_PENDING_CONN] = driver
     return pending.append
 
 
 def _run_pending(session: Session) -> None:
+    # SQLAlchemy also calls after_commit when a savepoint (begin_nested) is released,
+    # and when a session joined to a connection's outer transaction commits its own
+    # part: the database transaction is still open then, and nothing is committed yet.
+    driver = session.info.get(_PENDING_CONN)
+    if driver is not None and driver.info.transaction_status != pq.TransactionStatus.IDLE:
+        return
+    session.info.pop(_PENDING_CONN, None)
     callbacks = session.info.pop(_PENDING, [])
     for callback in callbacks:
         try:
@@ -156,6 +168,7 @@ def _run_pending(session: Session) -> None:
 def _drop_pending(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is None:  # the root ended without a commit (else already run)
         session.info.pop(_PENDING, None)
+        session.info.pop(_PENDING_CONN, None)
 
 
 def _join_sync(holder: Any) -> Join | None:
@@ -163,8 +176,8 @@ def _join_sync(holder: Any) -> Join | None:
     if isinstance(holder, Session):
         with _refusing(holder):
             _check_dialect(holder, holder.get_bind().dialect)
-            conn = holder.connection()
-            return Join(conn.connection.driver_connection, _after_commit_of(holder))
+            driver = holder.connection().connection.driver_connection
+            return Join(driver, _after_commit_of(holder, driver))
     if isinstance(holder, Connection):
         _check_dialect(holder, holder.dialect)
         with _refusing(holder):
@@ -181,8 +194,8 @@ async def _join_async(holder: Any) -> Join | None:
         with _refusing(holder):
             _check_dialect(holder, holder.sync_session.get_bind().dialect)
             conn = await holder.connection()
-            raw = await conn.get_raw_connection()
-            return Join(raw.driver_connection, _after_commit_of(holder.sync_session))
+            driver = (await conn.get_raw_connection()).driver_connection
+            return Join(driver, _after_commit_of(holder.sync_session, driver))
     if isinstance(holder, AsyncConnection):
         _check_dialect(holder, holder.dialect)
         with _refusing(holder):

@@ -375,6 +375,7 @@ class Queries:
     # testing.sql
     testing_shift_steps: Query[CountRow]
     testing_shift_runs: Query[CountRow]
+    testing_shift_buckets: Query[CountRow]
     testing_available_steps: Query[Step]
 
     def __init__(self) -> None:

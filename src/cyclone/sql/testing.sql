@@ -40,6 +40,22 @@ WITH shifted AS (
 SELECT count(*) AS total FROM shifted;
 
 
+-- name: testing_shift_buckets
+-- Rate-limit buckets: every start in a bucket's sliding log, and the time its tokens
+-- were last counted (updated_at, from which they refill), move earlier; a start that
+-- leaves its window frees its room as it would have. How many buckets.
+WITH shifted AS (
+    UPDATE cyclone_rate_buckets b
+    SET starts = ARRAY(
+            SELECT t - %(by_us)s::bigint * interval '1 microsecond'
+            FROM unnest(b.starts) WITH ORDINALITY AS u(t, i)
+            ORDER BY i),
+        updated_at = b.updated_at - %(by_us)s::bigint * interval '1 microsecond'
+    RETURNING 1
+)
+SELECT count(*) AS total FROM shifted;
+
+
 -- name: testing_available_steps
 -- The steps waiting to be claimed (available, due now or later) of kind %(kind)s (NULL:
 -- of every kind), as cyclone.Step reads them, oldest first, at most %(limit)s: what

@@ -28,21 +28,24 @@ class Shifted:
     Attributes:
         steps: steps whose due time (or uniqueness window) moved.
         runs: runs whose deadline moved.
+        buckets: rate-limit buckets whose window (and token refill) moved.
     """
 
     __module__ = "cyclone.testing"
 
     steps: int
     runs: int
+    buckets: int = 0
 
 
 async def advance_time(client: Client, seconds: Duration) -> Shifted:
     """Act as if ``seconds`` had passed, without waiting: in one transaction, move
     earlier by that much the ``scheduled_at`` of every step not yet run or waiting
     (retry and snooze backoffs, jobs scheduled for later, timers, signal-wait timeouts),
-    the end of every uniqueness window (``unique_until``), and the ``deadline_at`` of
-    every unfinished run. Running steps, their leases and finished rows keep their
-    times; schedules are not moved.
+    the end of every uniqueness window (``unique_until``), the ``deadline_at`` of
+    every unfinished run, and the starts and token refill of every rate-limit bucket
+    (so a rate-limited kind gets the room that much time gives). Running steps, their
+    leases and finished rows keep their times; schedules are not moved.
 
     Nothing runs here: the next :func:`drain` finds what became due (a timer completes,
     a retry runs, a deadline fails its run).
@@ -68,9 +71,14 @@ async def advance_time(client: Client, seconds: Duration) -> Shifted:
     async with checked._engine_connection() as conn:
         results = await batch_async(
             conn,
-            [Stmt(Q.testing_shift_steps, params), Stmt(Q.testing_shift_runs, params)],
+            [
+                Stmt(Q.testing_shift_steps, params),
+                Stmt(Q.testing_shift_runs, params),
+                Stmt(Q.testing_shift_buckets, params),
+            ],
             transaction=True,
         )
     (steps,) = results.of(Q.testing_shift_steps)
     (runs,) = results.of(Q.testing_shift_runs)
-    return Shifted(steps=steps.total, runs=runs.total)
+    (buckets,) = results.of(Q.testing_shift_buckets)
+    return Shifted(steps=steps.total, runs=runs.total, buckets=buckets.total)
