@@ -164,7 +164,7 @@ class Context:
             from cyclone.contrib import sqlalchemy as adapter
         except ImportError as exc:
             raise ConfigurationError(
-                "ctx.completion_session() needs SQLAlchemy: pip install 'cyclone[sqlalchemy]'"
+                "ctx.completion_session() needs SQLAlchemy: pip install -e '.[sqlalchemy]'"
             ) from exc
         if self._is_async:
             return adapter.completion_session_async(self._tx)

@@ -2,7 +2,7 @@
 
 In order: the ``CYCLONE_DSN`` environment variable; a local server at 127.0.0.1:5432
 (users ``postgres`` then ``root``, databases ``test`` then ``postgres``); an embedded
-server from the ``pgserver`` package (``pip install 'cyclone[embedded]'``) in a data
+server from the ``pgserver`` package (``pip install -e '.[embedded]'``) in a data
 folder that :class:`DevServer` reports. Not for production: there, pass your DSN.
 """
 

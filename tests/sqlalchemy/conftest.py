@@ -52,8 +52,16 @@ def sa_url(dsn: str, driver: str = "psycopg") -> URL:
         host=None if socket_dir else host,
         port=int(port) if port and not socket_dir else None,
         database=str(params["dbname"]),
-        query={"host": host, "port": str(port)} if socket_dir and port else {},
+        query=_socket_query(host, port) if socket_dir else {},
     )
+
+
+def _socket_query(host: str | None, port: object) -> dict[str, str]:
+    """The URL query of a server reached through its socket folder ``host``."""
+    query = {"host": str(host)}
+    if port:
+        query["port"] = str(port)
+    return query
 
 
 @pytest.fixture

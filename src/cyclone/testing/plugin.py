@@ -7,7 +7,7 @@ Fixtures (every name starts with ``cyclone_``):
   test's own, cloned from a template migrated once per session and dropped after the
   test. The server is ``$CYCLONE_TEST_DSN`` (a role that may create databases), else a
   local one at 127.0.0.1:5432 (users ``postgres`` then ``root``), else an embedded one
-  (``pip install 'cyclone[embedded]'``).
+  (``pip install -e '.[embedded]'``).
 * ``cyclone_handlers`` and ``cyclone_workflows`` (per test): the kinds and workflows
   ``cyclone_client`` registers; empty lists unless a test module or conftest overrides
   them.
