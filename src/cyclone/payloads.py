@@ -131,8 +131,8 @@ def _encode_any(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
+    if callable(dump):  # by alias: what the model validates back (model_validate)
+        return dump(mode="json", by_alias=True)
     return value
 
 

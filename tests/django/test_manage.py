@@ -125,3 +125,35 @@ def test_cyclone_worker_runs_the_app_of_the_settings(project_dsn: str) -> None:
     assert run.state == cyclone.RunState.COMPLETED, (run.error, output)
     assert run.result is not None and _receipts(project_dsn, handle.run_id) == [("by the worker",)]
     assert code == 0, output
+
+
+def test_migrate_installs_cyclone_in_the_database_it_migrates_not_the_dsn(
+    admin_dsn: str,
+) -> None:
+    """With CYCLONE["DSN"] naming another database, ``manage.py migrate`` installs
+    Cyclone's tables in the database it migrates (where enqueue_tx writes; the test
+    database under ``manage.py test``), never in the DSN's."""
+    migrated, elsewhere = create_database(admin_dsn), create_database(admin_dsn)
+    try:
+        other = database_dsn(admin_dsn, elsewhere)
+        env = {**os.environ, DSN_ENV: database_dsn(admin_dsn, migrated)}
+        env["CYCLONE_DJANGO_TEST_CYCLONE_DSN"] = other
+        env.pop("CYCLONE_DSN", None)
+        env.pop("DJANGO_SETTINGS_MODULE", None)
+        done = subprocess.run(
+            [sys.executable, str(MANAGE), "migrate"],
+            check=False,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        with psycopg.connect(database_dsn(admin_dsn, migrated)) as conn:
+            assert scalar(conn, "SELECT to_regclass('cyclone_runs') IS NOT NULL")
+        with psycopg.connect(other) as conn:
+            assert scalar(conn, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == 0
+    finally:
+        drop_database(admin_dsn, migrated)
+        drop_database(admin_dsn, elsewhere)

@@ -184,3 +184,21 @@ async def test_the_completion_forms_check_too(dsn: str, db: psycopg.Connection[A
         "input of workflow 'iv_flow', taken by node 'take' (kind 'iv_order'), does not fit Order",
     ]
     assert counts(db)["cyclone_runs"] == 1  # the producer's own run only
+
+
+class Aliased(pydantic.BaseModel):
+    user_id: int = pydantic.Field(alias="userId")
+
+
+@cyclone.step("iv_aliased")
+async def take_aliased(ctx: cyclone.Context, inp: Aliased) -> int:
+    return inp.user_id
+
+
+async def test_a_model_with_aliases_round_trips(dsn: str) -> None:
+    """A pydantic model is stored by its aliases, which is what it validates back: an
+    instance enqueued as it is fits its own kind and reaches the handler."""
+    async with cyclone.Client(dsn, handlers=[take_aliased]) as c:
+        job = await c.enqueue(take_aliased, Aliased(userId=5))
+        run = await c.wait(job, timeout=30)
+    assert (run.state, run.result) == (RunState.COMPLETED, 5)

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -295,3 +295,34 @@ def test_importing_cyclone_imports_no_sqlalchemy() -> None:
     code = "import sys, cyclone, cyclone.context; print('sqlalchemy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@cyclone.action("sa_mixed_block", max_attempts=1)
+def mixed_block(ctx: cyclone.Context, inp: Any) -> None:
+    conn = ctx.completion_tx()
+    session = ctx.completion_session()
+    with conn.transaction():  # a savepoint of the handler's own
+        session.execute(insert(Order).values(item="in the block"))  # the session's first
+    session.add(Order(item="after the block"))
+
+
+@cyclone.action("sa_mixed_block_async", max_attempts=1)
+async def mixed_block_async(ctx: cyclone.Context, inp: Any) -> None:
+    conn = await ctx.completion_tx()
+    session = await ctx.completion_session()
+    async with conn.transaction():
+        await session.execute(insert(Order).values(item="in the block"))
+    session.add(Order(item="after the block"))
+
+
+@pytest.mark.parametrize("kind", [mixed_block, mixed_block_async], ids=["sync", "async"])
+async def test_a_session_first_used_inside_a_completion_tx_block_commits(
+    dsn: str, db: psycopg.Connection[Any], engine: Engine, kind: Any
+) -> None:
+    """The session's savepoint is opened when the session is made, at the transaction's
+    top level: a first statement inside a block of the handler's own (which ends its
+    own savepoint) does not take the session's savepoint with it."""
+    async with cyclone.Client(dsn, handlers=[kind]) as client:
+        run, step = await _ended(client, await client.enqueue(kind))
+    assert run.state == cyclone.RunState.COMPLETED, step.error
+    assert [item for item, _ in _orders(db)] == ["in the block", "after the block"]

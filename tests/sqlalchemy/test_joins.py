@@ -256,3 +256,20 @@ async def test_client_refuses_sync_sessions_and_closed_connections(
         with pytest.raises(cyclone.ValidationError, match=r"AsyncConnection.*closed"):
             await client.enqueue_tx(conn, double, 1)
     assert scalar(db, "SELECT count(*) FROM cyclone_runs") == 0
+
+
+def test_a_client_closed_before_the_commit_warns_in_one_line(
+    dsn: str, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run commits with the session; its wakeup cannot go out through a client
+    closed meanwhile: one warning line (a poll finds the work), no error, no traceback."""
+    with Session(engine) as session:
+        with cyclone.SyncClient(dsn) as client:
+            job = client.enqueue_tx(session, double, 1, queue="sa_closed")
+        session.commit()
+    warned = [r for r in caplog.records if "after a caller's commit not sent" in r.getMessage()]
+    assert [(r.levelname, r.exc_info) for r in warned] == [("WARNING", None)]
+    assert "sa_closed" in warned[0].getMessage()
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    with psycopg.connect(dsn) as conn:
+        assert scalar(conn, "SELECT count(*) FROM cyclone_runs WHERE id = %s", (job.run_id,)) == 1

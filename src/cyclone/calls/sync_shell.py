@@ -118,8 +118,13 @@ class SyncShell(SyncShellBase):
         try:
             with self._connection() as conn:
                 self._publish(conn, queues, ())
-        except Exception:
-            log.exception("wakeups after a caller's commit not sent (a poll finds the work)")
+        except Exception as exc:  # e.g. the client was closed before the caller committed
+            log.warning(
+                "wakeups of %s after a caller's commit not sent (%s: %s); a poll finds the work",
+                sorted(queues),
+                type(exc).__name__,
+                exc,
+            )
 
     def wait(self, run: RunRef, timeout: Duration | None = None) -> Run:
         run_id = run_id_of(run)

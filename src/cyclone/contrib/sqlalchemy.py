@@ -409,6 +409,10 @@ def completion_session_sync(tx: CompletionTx) -> Session:
     engine_conn.begin()  # the worker's transaction, as SQLAlchemy sees it (no statement)
     session = Session(bind=engine_conn, **_SESSION_OPTIONS)
     tx.attachment = _SyncCompletion(tx, session, engine_conn)
+    # its savepoint now, at the transaction's top level: opened lazily inside a block of
+    # the handler's own (`with conn.transaction():` on completion_tx()), it would end
+    # with that block, and the session's own end would find no savepoint to release
+    session.connection()
     return session
 
 
@@ -430,4 +434,5 @@ async def completion_session_async(tx: CompletionTx) -> AsyncSession:
     await engine_conn.begin()
     session = AsyncSession(bind=engine_conn, **_SESSION_OPTIONS)
     tx.attachment = _AsyncCompletion(tx, session, engine_conn)
+    await session.connection()  # its savepoint now (see completion_session_sync)
     return session

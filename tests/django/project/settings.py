@@ -2,7 +2,8 @@
 
 The database is the one of ``$CYCLONE_DJANGO_TEST_DSN`` (a libpq DSN), as ``default``
 and again as ``other``; ``lite`` is an in-memory SQLite database that Cyclone refuses.
-``CYCLONE`` names the worker's client; its DSN is left to the default database.
+``CYCLONE`` names the worker's client; its DSN is left to the default database unless
+``$CYCLONE_DJANGO_TEST_CYCLONE_DSN`` gives one.
 """
 
 from __future__ import annotations
@@ -70,3 +71,5 @@ TEMPLATES = [
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 CYCLONE = {"APP": "tests.django.project.worker:client"}
+if os.environ.get("CYCLONE_DJANGO_TEST_CYCLONE_DSN"):  # CYCLONE["DSN"] set (test_manage)
+    CYCLONE["DSN"] = os.environ["CYCLONE_DJANGO_TEST_CYCLONE_DSN"]

@@ -1,8 +1,11 @@
-"""Apply Cyclone's own migrations (``cyclone.migrate``) to the database Cyclone uses.
+"""Apply Cyclone's own migrations (``cyclone.migrate``) to the database being migrated.
 
-That database is ``settings.CYCLONE["DSN"]``, else the one being migrated (when the
-``default`` alias is: ``manage.py migrate --database other`` leaves Cyclone alone unless
-``CYCLONE["DSN"]`` is set). Cyclone's migrations run on a connection of their own,
+That is the database of the ``default`` alias, where ``enqueue_tx`` on Django's
+connection writes and the admin reads (Django's test database during tests):
+``manage.py migrate --database other`` leaves Cyclone alone. A ``CYCLONE["DSN"]`` that
+names another database is not migrated here (a test run would otherwise migrate the
+real database instead of the test one): ``manage.py cyclone migrate`` migrates it.
+Cyclone's migrations run on a connection of their own,
 under their own lock and version table, so this migration is not atomic; reversing it
 does nothing (Cyclone's tables are dropped by hand, never by a rollback of Django's).
 The two models over Cyclone's views are unmanaged: their operations only record them.
@@ -20,11 +23,9 @@ from cyclone.contrib.django import config
 
 def apply_cyclone_schema(apps: Any, schema_editor: Any) -> None:
     """Bring Cyclone's tables to the newest version (nothing when already current)."""
-    given = config.options().get("DSN")
     alias = schema_editor.connection.alias
-    if given is None and alias != "default":
-        return
-    cyclone.migrate(given or config.conninfo_of(alias))
+    if alias == "default":
+        cyclone.migrate(config.conninfo_of(alias))
 
 
 class Migration(migrations.Migration):
