@@ -224,7 +224,7 @@ async def run_async_handler(handler: Handler, held: Held) -> StepOutcome | None:
         why = "released at shutdown" if held.released else "lease lost"
         held.log.info("%s, handler cancelled", why)
         return None
-    except Exception as exc:
+    except (Exception, StepInterrupted) as exc:  # LeaseLost from ctx.raise_if_cancelled()
         error = exc
         timed_out = (
             not isinstance(exc, StepInterrupted) and timeout_cm is not None and timeout_cm.expired()
@@ -264,7 +264,7 @@ def _run_sync_handler(
             value = handler.fn(ctx, handler.codec.decode(step.input))
             if not (held.gone or ctx.cancelled):
                 tx.finish_sync()  # its completion session's writes: still its own
-        except Exception as exc:
+        except (Exception, StepInterrupted) as exc:  # LeaseLost: ctx.raise_if_cancelled()
             error = exc
             outcome = decide_outcome(handler, step, error=exc, not_held=held.gone or ctx.cancelled)
         else:
