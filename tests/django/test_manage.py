@@ -28,9 +28,14 @@ pytestmark = pytest.mark.slow
 MANAGE = Path(__file__).resolve().parent / "manage.py"
 
 
-def manage(dsn: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``python tests/django/manage.py ARGS`` on the project database ``dsn``."""
+def manage(
+    dsn: str, *args: str, timeout: float = 120, cyclone_dsn: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python tests/django/manage.py ARGS`` on the project database ``dsn``; with
+    ``cyclone_dsn``, the settings' ``CYCLONE["DSN"]``."""
     env = {**os.environ, DSN_ENV: dsn}
+    if cyclone_dsn is not None:
+        env["CYCLONE_DJANGO_TEST_CYCLONE_DSN"] = cyclone_dsn
     env.pop("CYCLONE_DSN", None)
     env.pop("DJANGO_SETTINGS_MODULE", None)
     return subprocess.run(
@@ -136,19 +141,7 @@ def test_migrate_installs_cyclone_in_the_database_it_migrates_not_the_dsn(
     migrated, elsewhere = create_database(admin_dsn), create_database(admin_dsn)
     try:
         other = database_dsn(admin_dsn, elsewhere)
-        env = {**os.environ, DSN_ENV: database_dsn(admin_dsn, migrated)}
-        env["CYCLONE_DJANGO_TEST_CYCLONE_DSN"] = other
-        env.pop("CYCLONE_DSN", None)
-        env.pop("DJANGO_SETTINGS_MODULE", None)
-        done = subprocess.run(
-            [sys.executable, str(MANAGE), "migrate"],
-            check=False,
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = manage(database_dsn(admin_dsn, migrated), "migrate", cyclone_dsn=other)
         assert done.returncode == 0, done.stderr
         with psycopg.connect(database_dsn(admin_dsn, migrated)) as conn:
             assert scalar(conn, "SELECT to_regclass('cyclone_runs') IS NOT NULL")
