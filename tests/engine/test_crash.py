@@ -107,13 +107,28 @@ def test_two_clients_race_for_one_step_200_times(dsn: str) -> None:
 def test_two_worker_processes_run_each_step_exactly_once(
     dsn: str, db: psycopg.Connection[Any]
 ) -> None:
-    """200 steps, two worker processes competing: each handler runs exactly once."""
+    """200 steps, two worker processes competing: each handler runs exactly once.
+
+    The steps are enqueued once both workers listen, so the one that starts first does
+    not run them all before the other is up."""
     _ledger_tables(db)
-    with cyclone.SyncClient(dsn) as producer:
-        producer.enqueue_many("count_exec", [{}] * 200)
     env = {"CYCLONE_TEST_APP_DSN": dsn, "CYCLONE_TEST_TTL": "30", "CYCLONE_TEST_SLOTS": "10"}
     workers = [start_worker("tests.apps.ledger:client", env) for _ in range(2)]
     try:
+        poll_until(
+            lambda: (
+                scalar(
+                    db,
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'cyclone-listen'",
+                )
+                == 2
+            ),
+            timeout=120,
+            what="both workers listening",
+        )
+        with cyclone.SyncClient(dsn) as producer:
+            producer.enqueue_many("count_exec", [{}] * 200)
         poll_until(
             lambda: (
                 scalar(db, "SELECT count(*) FROM cyclone_runs WHERE state = 'completed'") == 200

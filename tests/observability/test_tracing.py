@@ -406,16 +406,26 @@ async def test_an_attempt_whose_lease_is_lost_ends_as_lost(
     outcomes = _Outcomes()
     with capture() as captured:
         client = cyclone.Client(
-            dsn, handlers=[stuck], poll_interval=0.05, lease_ttl=1, purge_interval=None
+            dsn,
+            handlers=[stuck],
+            poll_interval=0.05,
+            lease_ttl=1,
+            sweep_interval=3600,  # only the test's own sweep reclaims
+            purge_interval=None,
         )
         client.observers.add(outcomes)
         async with client:
             run = await client.enqueue(stuck, None)
             await asyncio.wait_for(started.wait(), timeout=30)
-            db.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1 second'")
             sweeper = client.sweeper
             assert sweeper is not None
-            assert (await sweeper.sweep_once()).reclaimed == 1
+
+            async def expire_and_sweep() -> int:
+                # a heartbeat landing between the two renews the lease: then expire again
+                db.execute("UPDATE cyclone_steps SET lease_expiry = now() - interval '1 second'")
+                return (await sweeper.sweep_once()).reclaimed
+
+            assert await apoll_until(expire_and_sweep, what="the sweep's reclaim") == 1
             await client.wait(run, timeout=60)
         spans = captured.named("cyclone.step tr_stuck")
     # the second attempt may end before the heartbeat finds the first one's lease gone
