@@ -44,7 +44,7 @@ async def test_heartbeats_renew_the_lease_for_a_long_handler(
         await release.wait()
         return "done"
 
-    async with cyclone.Client(dsn, handlers=[long], lease_ttl=0.6, sweep_interval=0.1) as c:
+    async with cyclone.Client(dsn, handlers=[long], lease_ttl=1.5, sweep_interval=0.1) as c:
         job = await c.enqueue(long)
         await wait_db(db, "SELECT state FROM cyclone_steps", "running")
         seen: set[Any] = set()

@@ -34,7 +34,7 @@ async def test_heartbeats_renew_while_every_tx_slot_is_taken(
         handlers=[holds_tx],
         queues={"default": 3},
         tx_slots=2,
-        lease_ttl=0.9,
+        lease_ttl=2,  # room for a stalled loop: the heartbeat is due every 0.67 s
         sweep_interval=0.1,
     )
     async with client:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -161,16 +163,21 @@ async def test_a_burst_of_enqueues_folds_into_few_wakeups(dsn: str) -> None:
     async with listen:
         await listen.execute("LISTEN cyclone_available")
         async with cyclone.Client(dsn, notify_coalesce=0.5) as producer:
+            began = time.monotonic()
             for i in range(30):
                 await producer.enqueue("echo", i)
             last = await producer.enqueue("echo", "last")
+            burst = time.monotonic() - began
         folded = [n async for n in listen.notifies(timeout=2)]
         each: list[psycopg.Notify] = []
         async with cyclone.Client(dsn, notify_coalesce=0) as producer:
             for i in range(10):
                 await producer.enqueue("echo", i)
                 each += [n async for n in listen.notifies(timeout=10, stop_after=1)]
-    assert 1 <= len(folded) <= 3
+    # one NOTIFY opens each window the burst spans and one closes the last: a slow
+    # machine spreads the 31 jobs over more windows, never one NOTIFY per job
+    assert 1 <= len(folded) <= 2 + math.ceil(burst / 0.5)
+    assert len(folded) < 31
     assert len(each) == 10
     assert last.run_id > 0
 
