@@ -22,8 +22,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 dsn_option = click.option(
     "--dsn",
     envvar="CYCLONE_DSN",
+    show_envvar=True,  # also in the missing-option error
     required=True,
-    help="PostgreSQL connection string or URL (default: $CYCLONE_DSN).",
+    help="PostgreSQL connection string or URL.",
 )
 schema_option = click.option(
     "--schema", default="public", show_default=True, help="Postgres schema of Cyclone's tables."

@@ -23,8 +23,9 @@ _SUBCOMMANDS = ("pause", "resume")
 @click.option(
     "--dsn",
     envvar="CYCLONE_DSN",
+    show_envvar=True,  # also in the missing-option error
     default=None,
-    help="PostgreSQL connection string or URL (default: $CYCLONE_DSN).",
+    help="PostgreSQL connection string or URL.",
 )
 @schema_option
 @pooler_option

@@ -136,6 +136,16 @@ def test_help_says_where_the_dsn_queues_and_slots_come_from() -> None:
     assert "--queue NAME=SLOTS sets one queue" in worker
 
 
+def test_a_missing_dsn_names_the_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CYCLONE_DSN", raising=False)
+    for command in (["runs"], ["steps", "1"], ["migrate"], ["queues"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2, command
+        assert "Missing option '--dsn' (env var: 'CYCLONE_DSN')" in result.output, command
+
+
 @pytest.mark.slow  # runs `cyclone worker` in a process, warnings as errors
 def test_worker_refusals_are_one_line_exit_2_without_a_warning(apps: Path) -> None:
     for app, line in [

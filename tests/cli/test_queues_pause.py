@@ -114,6 +114,8 @@ def test_bad_input_is_one_line_and_writes_nothing(dsn: str, db: psycopg.Connecti
     assert fails("queues", "resume", "", dsn=dsn) == "Error: queue must not be empty"
     assert scalar(db, "SELECT count(*) FROM cyclone_queue_pauses") == 0
     assert "Missing argument 'NAME'" in fails("queues", "pause", dsn=dsn, status=2)
-    assert "Missing option '--dsn'" in fails("queues", status=2)
-    assert "Missing option '--dsn'" in fails("queues", "pause", "images", status=2)
+    assert "Missing option '--dsn' (env var: 'CYCLONE_DSN')" in fails("queues", status=2)
+    assert "Missing option '--dsn' (env var: 'CYCLONE_DSN')" in fails(
+        "queues", "pause", "images", status=2
+    )
     assert scalar(db, "SELECT count(*) FROM cyclone_queue_pauses") == 0
