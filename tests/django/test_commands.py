@@ -89,6 +89,25 @@ def test_a_malformed_setting_is_named(django_dsn: str, value: Any, named: str) -
         config.options()
 
 
+def test_manage_py_names_a_malformed_setting_in_one_line(
+    django_dsn: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``manage.py cyclone runs`` with a misspelt key: ``CommandError: ...`` naming it
+    on stderr, exit status 1, no traceback and no command run."""
+    from django.test import override_settings
+
+    from cyclone.contrib.django.management.commands.cyclone import Command
+
+    capsys.readouterr()
+    with override_settings(CYCLONE={"DNS": "x"}), pytest.raises(SystemExit) as stopped:
+        Command().run_from_argv(["manage.py", "cyclone", "runs", "--json"])
+    assert stopped.value.code == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("CommandError: settings.CYCLONE has unknown keys ['DNS']")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
 def test_only_postgresql_aliases_give_a_dsn(django_dsn: str) -> None:
     """An unknown alias or a SQLite one: a ConfigurationError naming it."""
     from cyclone.contrib.django import config

@@ -45,9 +45,14 @@ class Command(BaseCommand):
         """Hand everything after ``manage.py cyclone`` to the ``cyclone`` command (its
         own options included, ``--help`` too), leaving out ``--settings`` and
         ``--pythonpath``, which ``manage.py`` has applied already; exits with its
-        status when it fails."""
+        status when it fails. A malformed ``settings.CYCLONE`` is one line on stderr
+        (``CommandError: ...``, status 1), as Django's own commands report errors."""
         prog = f"{os.path.basename(argv[0])} {argv[1]}"
-        code = run_cli(_without_django_options(argv[2:]), prog_name=prog)
+        try:
+            code = run_cli(_without_django_options(argv[2:]), prog_name=prog)
+        except CommandError as exc:
+            print(f"CommandError: {exc}", file=sys.stderr)
+            sys.exit(exc.returncode)
         if code:
             sys.exit(code)
 
