@@ -129,6 +129,9 @@ def main(log_level: str) -> None:
 @connection_options
 def migrate(dsn: str, schema: str) -> None:
     """Create or upgrade Cyclone's tables (safe to run at every start)."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # the line below names the versions applied: one log line each only with debug
+        logging.getLogger("cyclone.migrate").setLevel(logging.WARNING)
     applied = run_migrate(dsn, schema=schema)
     if applied:
         click.echo(f"applied migrations {', '.join(str(v) for v in applied)}")

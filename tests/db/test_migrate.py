@@ -1161,18 +1161,27 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_cli_migrate_applies_then_reports_up_to_date(empty_dsn: str) -> None:
-    """`cyclone migrate --dsn` applies every migration, then says the schema is up to
+    """`cyclone migrate --dsn` applies every migration, saying so once on stdout (a log
+    line per migration only with `--log-level debug`), then says the schema is up to
     date."""
     first = run_cli("migrate", "--dsn", empty_dsn)
     assert first.returncode == 0, first.stderr
     applied = ", ".join(str(v) for v in VERSIONS)
     assert re.search(rf"applied migrations? {applied}\b", first.stdout, re.IGNORECASE), first.stdout
+    assert "applied migration" not in first.stderr
 
     second = run_cli("migrate", "--dsn", empty_dsn)
     assert second.returncode == 0, second.stderr
     assert "up to date" in second.stdout.lower(), second.stdout
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert versions(conn) == VERSIONS
+
+
+def test_cli_migrate_logs_each_migration_at_debug(empty_dsn: str) -> None:
+    debug = run_cli("--log-level", "debug", "migrate", "--dsn", empty_dsn)
+    assert debug.returncode == 0, debug.stderr
+    assert "INFO cyclone.migrate: applied migration 0001_init" in debug.stderr
+    assert debug.stdout.startswith("applied migrations 1, 2")
 
 
 @pytest.mark.parametrize(
