@@ -129,10 +129,16 @@ def main(log_level: str) -> None:
 @connection_options
 def migrate(dsn: str, schema: str) -> None:
     """Create or upgrade Cyclone's tables (safe to run at every start)."""
-    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
-        # the line below names the versions applied: one log line each only with debug
-        logging.getLogger("cyclone.migrate").setLevel(logging.WARNING)
-    applied = run_migrate(dsn, schema=schema)
+    # the line below names the versions applied: a log line for each only with debug
+    quiet = click.get_current_context().find_root().params.get("log_level", "").lower() != "debug"
+    migrate_log = logging.getLogger("cyclone.migrate")
+    before = migrate_log.level
+    if quiet:
+        migrate_log.setLevel(logging.WARNING)
+    try:
+        applied = run_migrate(dsn, schema=schema)
+    finally:
+        migrate_log.setLevel(before)
     if applied:
         click.echo(f"applied migrations {', '.join(str(v) for v in applied)}")
     else:

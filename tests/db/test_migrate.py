@@ -16,6 +16,7 @@ a second migration being a no-op, installation into a named schema, and the
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import re
 import subprocess
@@ -31,6 +32,7 @@ from psycopg import errors, sql
 import cyclone
 from cyclone.migrate import available_migrations
 from tests import guard
+from tests.conftest import create_database, database_dsn, drop_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -1182,6 +1184,33 @@ def test_cli_migrate_logs_each_migration_at_debug(empty_dsn: str) -> None:
     assert debug.returncode == 0, debug.stderr
     assert "INFO cyclone.migrate: applied migration 0001_init" in debug.stderr
     assert debug.stdout.startswith("applied migrations 1, 2")
+
+
+def test_cli_migrate_in_process_leaves_the_library_log_as_it_was(
+    admin_dsn: str, empty_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a process whose logging is already set up (Django's ``call_command``, a
+    test), the command quiets the per-migration lines only while it runs, and
+    ``--log-level debug`` shows them even though ``basicConfig`` then does nothing."""
+    from click.testing import CliRunner
+
+    from cyclone.cli import main
+
+    caplog.set_level(logging.INFO, logger="cyclone.migrate")
+    quiet = CliRunner().invoke(main, ["migrate", "--dsn", empty_dsn])
+    assert quiet.exit_code == 0, quiet.output
+    assert not [r for r in caplog.records if r.name == "cyclone.migrate"]
+    assert logging.getLogger("cyclone.migrate").level == logging.INFO
+    name = create_database(admin_dsn)
+    try:
+        shown = CliRunner().invoke(
+            main, ["--log-level", "debug", "migrate", "--dsn", database_dsn(admin_dsn, name)]
+        )
+    finally:
+        drop_database(admin_dsn, name)
+    assert shown.exit_code == 0, shown.output
+    logged = [r.getMessage() for r in caplog.records if r.name == "cyclone.migrate"]
+    assert "applied migration 0001_init" in logged
 
 
 @pytest.mark.parametrize(
